@@ -1,0 +1,94 @@
+"""Typed MSCCL program: the in-memory form of an MSCCL XML algorithm file (DESIGN section 7).
+
+The emitter lowers a Schedule into a :class:`MscclProgram` and renders it; the parser reads XML into the same
+classes; the executor, linter and simulator run them. Field names follow the XML attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Step types and what each does: (receives, sends, reduces, writes dst locally)
+STEP_TYPES = {
+    "s": (False, True, False, False),
+    "r": (True, False, False, True),
+    "rcs": (True, True, False, True),
+    "rrs": (True, True, True, False),
+    "rrc": (True, False, True, True),
+    "rrcs": (True, True, True, True),
+    "cpy": (False, False, False, True),
+    "re": (False, False, True, True),
+    "nop": (False, False, False, False),
+}
+BUFFERS = ("i", "o", "s")
+PROTOCOLS = ("Simple", "LL", "LL128")
+# Spelling of the reduce-scatter collective per runtime target.
+COLL_SPELLING = {"executor": "reducescatter", "legacy": "reduce_scatter"}
+
+# Runtime limits (DESIGN section 7).
+MAX_STEPS_EXECUTOR = 64
+MAX_STEPS_LEGACY = 256
+MAX_CNT = 71
+MAX_CHANNELS = 32
+MAX_TBS_PER_CHANNEL_DIRECTION = 32
+MAX_DEPID = 127
+MAX_ATTR_LEN = 254
+INT16_MAX = 32767
+
+
+@dataclass(frozen=True)
+class Step:
+    s: int
+    type: str
+    srcbuf: str
+    srcoff: int
+    dstbuf: str
+    dstoff: int
+    cnt: int
+    depid: int = -1
+    deps: int = -1
+    hasdep: int = 0
+    line: int = 0  # source line when parsed, 0 when generated
+
+
+@dataclass(frozen=True)
+class Threadblock:
+    id: int
+    send: int
+    recv: int
+    chan: int
+    steps: tuple[Step, ...]
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Gpu:
+    id: int
+    i_chunks: int
+    o_chunks: int
+    s_chunks: int
+    tbs: tuple[Threadblock, ...]
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class MscclProgram:
+    """One ``<algo>`` document. ``min_bytes``/``max_bytes``/``outofplace`` are None when the file lacks them."""
+
+    name: str
+    proto: str
+    nchannels: int
+    nchunksperloop: int
+    ngpus: int
+    coll: str
+    inplace: int
+    outofplace: int | None
+    min_bytes: int | None
+    max_bytes: int | None
+    gpus: tuple[Gpu, ...]
+    line: int = 0
+
+    @property
+    def collective(self) -> str:
+        """The collective in our spelling (``reducescatter`` for both runtimes' spellings)."""
+        return "reducescatter" if self.coll in ("reduce_scatter", "reducescatter") else self.coll

@@ -1,0 +1,1 @@
+"""jinja2 templates used by the backends."""

@@ -1,0 +1,1 @@
+"""Built-in communication sketches, found by name."""

@@ -1,0 +1,5 @@
+"""``python -m synth`` runs the CLI."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,70 @@
+"""Shared CLI plumbing: error conversion, shared options, atomic output files."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import click
+
+from ..errors import SynthError
+
+EXIT_BAD_INPUT = 1
+EXIT_USAGE = 2
+EXIT_INFEASIBLE = 3
+
+
+class SynthGroup(click.Group):
+    """A click group that turns library errors into one ``Error: ...`` line and the documented exit code."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except SynthError as exc:
+            click.echo(f"Error: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("Error: interrupted", err=True)
+            ctx.exit(130)
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: no half-written file on failure."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def echo_err(message: str) -> None:
+    """Progress and summaries go to stderr; stdout is kept for --json."""
+    click.echo(message, err=True)
+
+
+def solver_options(func):
+    """--time-limit, --mip-gap, --threads, --seed shared by every command that runs the solver."""
+    options = [
+        click.option("--time-limit", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
+                     help="Solver wall-clock limit in seconds; the best schedule found by then is used."),
+        click.option("--mip-gap", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+                     help="Relative MIP gap at which the solver may stop."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="Solver threads (default: HiGHS' choice)."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Solver random seed."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def is_tty() -> bool:
+    return sys.stderr.isatty()

@@ -1,0 +1,1 @@
+"""Encoders: one module per formulation, each ``encode(problem) -> Encoding`` and ``decode``."""

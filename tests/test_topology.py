@@ -1,0 +1,54 @@
+"""Topology loading, built-ins, composition and symmetry."""
+
+import json
+
+import pytest
+
+from synth.errors import InputError
+from synth.topology import builtin_names, free_symmetry_group, load_topology
+
+
+def test_dgx1_has_sccl_matrix():
+    t = load_topology("dgx1")
+    assert t.num_ranks == 8
+    for r in range(8):
+        assert sum(l.lanes for l in t.links if l.src == r) == 6
+    assert t.link(0, 1).lanes == 2 and t.link(0, 2).lanes == 1 and t.link(0, 5) is None
+
+
+def test_dgx1_free_symmetry_has_four_elements():
+    group = free_symmetry_group(load_topology("dgx1"))
+    assert len(group) == 4
+    assert (2, 3, 0, 1, 6, 7, 4, 5) in group
+
+
+@pytest.mark.parametrize("name", builtin_names() + ["ring-5", "fully-connected-3"])
+def test_every_builtin_loads_and_is_connected(name):
+    from synth.topology import check_connected
+    t = load_topology(name)
+    check_connected(t)
+    assert t.num_ranks % t.gpus_per_node == 0
+
+
+def test_compose_two_ndv2_nodes_through_one_nic():
+    t = load_topology("ndv2", nodes=2)
+    assert t.num_ranks == 16 and t.num_nodes == 2
+    cross = [l for l in t.links if t.node_of(l.src) != t.node_of(l.dst)]
+    assert len(cross) == 2 * 8 * 8
+    assert all(l.switch == "network" and l.bw_GBps == 12.5 for l in cross)
+    # all cross-node traffic of a node shares its one NIC port
+    assert len({l.egress_port for l in cross if l.src < 8}) == 1
+
+
+def test_user_file_with_unknown_rank_is_rejected(tmp_path):
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps({"ranks": 2, "links": [{"src": 0, "dst": 5, "alpha_us": 1, "bw_GBps": 1}]}))
+    with pytest.raises(InputError, match=r"bad.json: links\[0\].dst: unknown rank 5"):
+        load_topology(str(f))
+
+
+def test_negative_bandwidth_is_rejected(tmp_path):
+    f = tmp_path / "neg.json"
+    f.write_text(json.dumps({"ranks": 2, "links": [{"src": 0, "dst": 1, "alpha_us": 1, "bw_GBps": -3}]}))
+    with pytest.raises(InputError, match=r"links\[0\].bw_GBps: must be positive"):
+        load_topology(str(f))

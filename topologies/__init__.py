@@ -1,0 +1,1 @@
+"""Built-in topology JSON files, found by name (``synth topo list``)."""
