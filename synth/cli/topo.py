@@ -1,0 +1,52 @@
+"""``synth topo``: list, show (and import) topologies."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..topology import builtin_names, free_symmetry_group, load_topology
+from ._common import SynthGroup
+
+
+@click.group(cls=SynthGroup)
+def topo():
+    """List, inspect and import topologies."""
+
+
+@topo.command("list")
+def list_topologies():
+    """List the built-in topologies (plus the ring-N and fully-connected-N families)."""
+    for name in builtin_names():
+        t = load_topology(name)
+        click.echo(f"{name:18s} {t.num_ranks:3d} ranks  {t.num_nodes} node(s)  {t.description}")
+    click.echo(f"{'ring-N':18s}   N ranks  1 node(s)  bidirectional ring, 25 GB/s, 0.7 us")
+    click.echo(f"{'fully-connected-N':18s}   N ranks  1 node(s)  every pair linked, 25 GB/s, 0.7 us")
+
+
+@topo.command("show")
+@click.argument("topology")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Compose this many copies joined through their NICs.")
+@click.option("--json", "as_json", is_flag=True, help="Print the topology in the JSON file format.")
+def show(topology, nodes, as_json):
+    """Show a topology given by built-in NAME or JSON FILE."""
+    t = load_topology(topology, nodes)
+    if as_json:
+        click.echo(json.dumps(t.to_dict(), indent=1))
+        return
+    click.echo(f"{t.name}: {t.num_ranks} ranks, {t.num_nodes} node(s) of {t.gpus_per_node} ({t.source})")
+    if t.description:
+        click.echo(f"  {t.description}")
+    direct = [l for l in t.links if l.switch is None]
+    click.echo(f"  {len(direct)} direct links, {len(t.links) - len(direct)} links through switches")
+    for l in direct:
+        click.echo(f"    {l.src:3d} -> {l.dst:3d}  lanes {l.lanes}  {l.bw_GBps:g} GB/s per lane  alpha {l.alpha_us:g} us")
+    for sw in t.switches:
+        ports = ", ".join(f"{list(p.ranks)}:{p.egress_GBps:g}/{p.ingress_GBps:g}" for p in sw.ports)
+        click.echo(f"  switch {sw.name} (alpha {sw.alpha_us:g} us) ports ranks:egress/ingress GB/s: {ports}")
+    for nic in t.nics:
+        click.echo(f"  NIC for local ranks {list(nic.ranks)}: {nic.bw_GBps:g} GB/s, alpha {nic.alpha_us:g} us")
+    group = free_symmetry_group(t)
+    click.echo(f"  symmetry: {len(group)} rank permutations acting freely")
