@@ -490,3 +490,17 @@ def check_connected(topo: Topology) -> None:
         raise InputError(topo.source, "links", f"the topology is disconnected: ranks {comps[0]} cannot reach "
                          "or be reached from the others; add links")
 
+
+
+def reverse_topology(topo: Topology) -> Topology:
+    """The same machine with every link (and switch port direction) reversed.
+
+    Reductions are solved as the time reversal of a broadcast-type schedule on this graph, so they run on the
+    original links.
+    """
+    links = tuple(sorted((Link(l.dst, l.src, l.alpha_us, l.bw_GBps, l.lanes, l.switch, l.ingress_port, l.egress_port)
+                          for l in topo.links), key=lambda l: (l.src, l.dst)))
+    switches = tuple(Switch(s.name, s.alpha_us, tuple(SwitchPort(p.ranks, p.ingress_GBps, p.egress_GBps)
+                                                      for p in s.ports)) for s in topo.switches)
+    return Topology(f"{topo.name}-reversed", topo.num_ranks, topo.gpus_per_node, links, switches, topo.nics,
+                    topo.symmetries, topo.description, topo.source)

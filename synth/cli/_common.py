@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import sys
-import tempfile
-from pathlib import Path
 
 import click
 
 from ..errors import SynthError
+from ..fileio import write_atomic  # noqa: F401  (re-exported for commands)
 
 EXIT_BAD_INPUT = 1
 EXIT_USAGE = 2
@@ -28,21 +26,6 @@ class SynthGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("Error: interrupted", err=True)
             ctx.exit(130)
-
-
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: no half-written file on failure."""
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def echo_err(message: str) -> None:

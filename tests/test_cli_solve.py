@@ -1,0 +1,85 @@
+"""`synth solve` and `synth topo` through click's CliRunner: outputs, reports, errors and exit codes."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from synth.cli import main
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_solve_writes_xml_and_json_report(tmp_path):
+    out = tmp_path / "ag.xml"
+    sched = tmp_path / "ag.json"
+    r = run("solve", "allgather", "--topology", "dgx1", "--steps", "2", "--rounds", "3", "--chunks", "2",
+            "-o", str(out), "--schedule-out", str(sched), "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    for key in ("status", "solve_seconds", "predicted_time_us", "algbw_GBps", "steps", "rounds", "chunks", "output"):
+        assert key in report
+    assert report["status"] == "optimal" and (report["steps"], report["chunks"]) == (2, 2)
+    assert out.read_text().startswith("<algo ")
+    assert json.loads(sched.read_text())["format"] == "synth-schedule/1"
+
+
+@pytest.mark.parametrize("coll", ["allgather", "reducescatter"])
+def test_infeasible_request_exits_3_and_writes_nothing(tmp_path, coll):
+    out = tmp_path / "x.xml"
+    r = run("solve", coll, "--topology", "dgx1", "--steps", "3", "--rounds", "6", "--chunks", "6", "-o", str(out))
+    assert r.exit_code == 3
+    assert r.stderr.strip().splitlines()[-1].startswith("Error: no ")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_default_search_runs_without_parameters(tmp_path):
+    r = run("solve", "allgather", "--topology", "ring-4", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["steps"] == 2
+
+
+@pytest.mark.parametrize("args,code,message", [
+    (["solve", "allgather", "--topology", "nope"], 1, "Error: --topology: unknown topology 'nope'"),
+    (["solve", "allgather", "--topology", "dgx1", "--size", "lots"], 1, "Error: --size: cannot read size 'lots'"),
+    (["solve", "allgatherx", "--topology", "dgx1"], 2, "Invalid value for 'COLLECTIVE'"),
+    (["solve", "allreduce", "--topology", "dgx1", "--steps", "3", "--rounds", "6"], 1, "even number of steps"),
+])
+def test_bad_input_gives_one_error_line(args, code, message):
+    r = run(*args)
+    assert r.exit_code == code
+    assert message in r.output
+    assert "Traceback" not in r.output
+
+
+def test_bad_topology_file_names_file_and_field(tmp_path):
+    f = tmp_path / "t.json"
+    f.write_text('{"ranks": 2, "links": [{"src": 0, "dst": 1, "bw_GBps": 10}]}')
+    r = run("solve", "allgather", "--topology", str(f))
+    assert r.exit_code == 1
+    assert f"Error: {f}: links[0].alpha_us: missing" in r.output
+
+
+def test_malformed_json_topology(tmp_path):
+    f = tmp_path / "t.json"
+    f.write_text('{"ranks": 2, ')
+    r = run("topo", "show", str(f))
+    assert r.exit_code == 1 and f"Error: {f}: line 1: invalid JSON" in r.output
+
+
+def test_disconnected_topology_is_rejected(tmp_path):
+    f = tmp_path / "t.json"
+    f.write_text('{"ranks": 3, "defaults": {"alpha_us": 1, "bw_GBps": 1},'
+                 ' "links": [{"src": 0, "dst": 1, "bidirectional": true}]}')
+    r = run("solve", "allgather", "--topology", str(f))
+    assert r.exit_code == 1 and "disconnected" in r.output
+
+
+def test_every_command_has_help():
+    r = run("--help")
+    assert r.exit_code == 0
+    for name in main.list_commands(None):
+        sub = run(name, "--help")
+        assert sub.exit_code == 0 and len(sub.output) > 80, name

@@ -1,0 +1,86 @@
+"""MSCCL XML backend: lowering, runtime limits and the lexical rules both runtimes' hand-written lexers need."""
+
+import re
+
+import defusedxml.ElementTree as ET
+import pytest
+
+from backends.msccl_ir import MAX_STEPS_EXECUTOR
+from backends.msccl_xml import check_limits, lower_to_msccl, render_msccl_xml, schedule_to_msccl_xml
+from conftest import DGX1_EVERY_COLLECTIVE
+from synth.errors import BackendError
+from synth.synthesize import synthesize_steps
+
+ALGO_ATTRS = {"name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace",
+              "minBytes", "maxBytes"}
+STEP_ATTRS = {"s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep"}
+
+
+@pytest.fixture(scope="module")
+def dgx1_schedules(dgx1):
+    return {coll: synthesize_steps(dgx1, coll, S, R, C).schedule for coll, S, R, C in DGX1_EVERY_COLLECTIVE}
+
+
+@pytest.mark.parametrize("coll", [c[0] for c in DGX1_EVERY_COLLECTIVE])
+def test_xml_has_required_attributes_and_lexical_rules(dgx1_schedules, coll):
+    text = schedule_to_msccl_xml(dgx1_schedules[coll])
+    assert not text.startswith("<?xml") and "\t" not in text
+    for line in text.splitlines():
+        assert line.count('="') <= 16
+        assert all(len(v) <= 254 for v in re.findall(r'="([^"]*)"', line))
+    root = ET.fromstring(text)
+    assert set(root.attrib) == ALGO_ATTRS
+    assert int(root.get("ngpus")) == 8 and len(root.findall("gpu")) == 8
+    for gpu in root.findall("gpu"):
+        tbs = gpu.findall("tb")
+        assert [int(tb.get("id")) for tb in tbs] == list(range(len(tbs)))
+        seen = set()
+        for tb in tbs:
+            chan, send, recv = int(tb.get("chan")), int(tb.get("send")), int(tb.get("recv"))
+            for peer, direction in ((send, "s"), (recv, "r")):
+                if peer >= 0:
+                    assert (peer, chan, direction) not in seen, "two tbs for one (peer, channel, direction)"
+                    seen.add((peer, chan, direction))
+            steps = tb.findall("step")
+            assert len(steps) <= MAX_STEPS_EXECUTOR
+            for i, st in enumerate(steps):
+                assert set(st.attrib) == STEP_ATTRS and int(st.get("s")) == i
+
+
+def test_reducescatter_spelling_follows_target(dgx1_schedules):
+    sched = dgx1_schedules["reducescatter"]
+    assert 'coll="reducescatter"' in schedule_to_msccl_xml(sched, target="executor")
+    assert 'coll="reduce_scatter"' in schedule_to_msccl_xml(sched, target="legacy")
+
+
+def test_forwarded_chunks_use_fused_steps(dgx1_schedules):
+    assert 'type="rcs"' in schedule_to_msccl_xml(dgx1_schedules["allgather"])
+    assert 'type="rrs"' in schedule_to_msccl_xml(dgx1_schedules["reducescatter"])
+
+
+def test_unfused_lowering_has_separate_send_and_receive_threadblocks(dgx1_schedules):
+    program = lower_to_msccl(dgx1_schedules["allgather"], fuse=False)
+    for gpu in program.gpus:
+        assert all(tb.send < 0 or tb.recv < 0 for tb in gpu.tbs)
+        assert {st.type for tb in gpu.tbs for st in tb.steps} <= {"s", "r", "cpy"}
+
+
+def test_a_program_over_the_step_limit_is_refused(dgx1_schedules):
+    import dataclasses
+    program = lower_to_msccl(dgx1_schedules["allgather"])
+    gpu = program.gpus[0]
+    tb = gpu.tbs[1]
+    long_tb = dataclasses.replace(tb, steps=tuple(dataclasses.replace(tb.steps[0], s=i) for i in range(300)))
+    big = dataclasses.replace(program, gpus=(dataclasses.replace(gpu, tbs=(gpu.tbs[0], long_tb) + gpu.tbs[2:]),)
+                              + program.gpus[1:])
+    problems = check_limits(big, "executor")
+    assert any("300 steps (limit 64" in p for p in problems)
+    assert any("limit 256" in p for p in check_limits(big, "legacy"))
+    assert render_msccl_xml(program).count("<tb ") == sum(len(g.tbs) for g in program.gpus)
+
+
+def test_refusal_raises_backend_error(monkeypatch, dgx1_schedules):
+    import backends.msccl_xml as mx
+    monkeypatch.setattr(mx, "check_limits", lambda program, target: ["gpu 0 tb 0: 99 steps (limit 64)"])
+    with pytest.raises(BackendError, match="breaks a runtime limit: gpu 0 tb 0: 99 steps"):
+        schedule_to_msccl_xml(dgx1_schedules["allgather"])
