@@ -52,3 +52,33 @@ def test_negative_bandwidth_is_rejected(tmp_path):
     f.write_text(json.dumps({"ranks": 2, "links": [{"src": 0, "dst": 1, "alpha_us": 1, "bw_GBps": -3}]}))
     with pytest.raises(InputError, match=r"links\[0\].bw_GBps: must be positive"):
         load_topology(str(f))
+
+
+def _keys_allowed(value, schema, path="$"):
+    """The keys a file uses are all declared by the schema (a small subset of JSON Schema, enough for ours)."""
+    if schema.get("type") == "object" and isinstance(value, dict):
+        props = schema.get("properties", {})
+        for key, sub in value.items():
+            assert key in props, f"{path}.{key} is not in the schema"
+            _keys_allowed(sub, props[key], f"{path}.{key}")
+        for key in schema.get("required", []):
+            assert key in value, f"{path}.{key} is required by the schema"
+    elif schema.get("type") == "array" and isinstance(value, list):
+        for i, item in enumerate(value):
+            _keys_allowed(item, schema.get("items", {}), f"{path}[{i}]")
+
+
+@pytest.mark.parametrize("name", builtin_names())
+def test_builtin_files_follow_the_schema(name):
+    from importlib import resources
+    schema = json.loads((resources.files("synth") / "schemas" / "topology.schema.json").read_text())
+    raw = json.loads((resources.files("topologies") / f"{name}.json").read_text())
+    _keys_allowed(raw, schema)
+
+
+def test_taccl_format_is_converted(tmp_path):
+    f = tmp_path / "taccl.json"
+    f.write_text(json.dumps({"name": "t", "links": [[0, 2], [2, 0]], "alpha": [[0, 0.7], [0.7, 0]],
+                             "betas": [[0, 40], [40, 0]]}))
+    t = load_topology(str(f))
+    assert t.link(0, 1).lanes == 2 and abs(t.link(0, 1).bw_GBps - 25.0) < 1e-9 and t.link(0, 1).alpha_us == 0.7

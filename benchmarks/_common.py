@@ -1,0 +1,37 @@
+"""Helpers shared by the benchmark scripts: repeat-and-take-the-median timing, a table printer, JSON output."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def timed(fn, repeat: int = 3):
+    """Run ``fn`` ``repeat`` times; return (median seconds, last result)."""
+    times, result = [], None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), result
+
+
+def print_table(rows: list[dict], columns: list[str]) -> None:
+    widths = {c: max(len(c), *(len(str(r.get(c, ""))) for r in rows)) for c in columns}
+    print("  ".join(c.ljust(widths[c]) for c in columns))
+    print("  ".join("-" * widths[c] for c in columns))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+
+
+def write_json(name: str, rows: list[dict]) -> Path:
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    meta = {"python": platform.python_version(), "machine": platform.machine(), "when": time.strftime("%Y-%m-%d")}
+    path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    return path
