@@ -134,7 +134,10 @@ def _plan_ops(schedule: Schedule, fuse: bool):
                 if s.op == REDUCE:
                     src = home if any(t.op == REDUCE for t in received) else (own or home)
                 else:
-                    src = home if received or own is None else own
+                    # a rank's own chunk that it also outputs is sent from the output copy (made first by a
+                    # cpy), so in-place runs never write the slot a send is reading
+                    outputs_here = coll.chunks[chunk].output_index(r) is not None
+                    src = home if received or own is None or outputs_here else own
                 plan.ops.append(_Op("s", None, s, src, src, _position(s.step, 0, chunk, s.dst), writes=False))
             # out-of-place: a rank's own data that it must also output is copied from input to output
             out = coll.chunks[chunk].output_index(r)
@@ -283,6 +286,38 @@ def _loop_chunks(coll) -> int:
     return coll.chunks_per_rank
 
 
+def _memory_key(slot: tuple[str, int], coll, rank: int) -> tuple[str, int]:
+    """Where a slot lives when ``i`` and ``o`` alias (in-place), so aliased slots order like one."""
+    buf, idx = slot
+    return ("s", idx) if buf == "s" else ("io", coll.unified_index(rank, buf, idx))
+
+
+def _add_dependencies(ops: list[_Op], key) -> None:
+    """Each op waits for the last earlier writer of what it reads or writes (read/write-after-write) and, when
+    it writes, for the earlier readers since that writer (write-after-read), wherever they are in another tb."""
+    last_writer: dict = {}
+    readers_since: dict = defaultdict(list)
+    for op in sorted(ops, key=lambda o: o.position):
+        src, dst = key(op.src), key(op.dst)
+        deps = []
+        for slot in {src, dst} if op.writes else {src}:
+            if slot in last_writer:
+                deps.append(last_writer[slot])
+        if op.writes:
+            deps += readers_since[dst]
+        latest_per_tb = {}
+        for d in deps:   # within one tb, waiting for its latest op covers the earlier ones
+            if d.tb_key != op.tb_key and (d.tb_key not in latest_per_tb or
+                                          latest_per_tb[d.tb_key].position < d.position):
+                latest_per_tb[d.tb_key] = d
+        op.deps = tuple(latest_per_tb.values())
+        if op.writes:
+            last_writer[dst] = op
+            readers_since[dst] = []
+        if src != dst or not op.writes:
+            readers_since[src].append(op)
+
+
 def _emit_gpu(plan: _RankPlan, scratch: int, coll) -> Gpu:
     by_tb = defaultdict(list)
     for op in plan.ops:
@@ -296,18 +331,7 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll) -> Gpu:
     for k in keys:
         for i, op in enumerate(by_tb[k]):
             where[id(op)] = (k, i)
-    writers = defaultdict(list)
-    for op in sorted(plan.ops, key=lambda o: o.position):
-        if op.writes:
-            writers[op.dst].append(op)
-    for op in plan.ops:
-        slots = {op.src} | ({op.dst} if op.writes else set())
-        deps = []
-        for slot in slots:
-            earlier = [w for w in writers.get(slot, []) if w is not op and w.position < op.position]
-            if earlier and earlier[-1].tb_key != op.tb_key:
-                deps.append(earlier[-1])
-        op.deps = tuple(deps)
+    _add_dependencies(plan.ops, lambda slot: _memory_key(slot, coll, plan.rank))
     published = {id(d) for op in plan.ops for d in op.deps}
     tbs = []
     for k in keys:

@@ -18,6 +18,8 @@ COMMANDS = {
     "solve": ("solve", "solve"),
     "check": ("check", "check"),
     "simulate": ("simulate", "simulate"),
+    "bounds": ("bounds", "bounds"),
+    "baseline": ("bounds", "baseline"),
 }
 
 

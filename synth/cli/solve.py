@@ -108,10 +108,14 @@ def solve(collective, topology, nodes, size, steps, rounds, chunks, root, output
 
     texts = {}
     if output:
-        from backends.msccl_xml import schedule_to_msccl_xml
+        from ..emit import emit_verified_xml
 
-        texts[output] = schedule_to_msccl_xml(schedule, target=target, proto=proto, min_bytes=min_bytes,
-                                              max_bytes=max_bytes)
+        emitted = emit_verified_xml(schedule, target=target, topology=topo, size_bytes=size_bytes, proto=proto,
+                                    min_bytes=min_bytes, max_bytes=max_bytes)
+        texts[output] = emitted.text
+        echo_err(f"MSCCL program executed and verified: {emitted.threadblocks} threadblocks, {emitted.channels} "
+                 f"channel(s), {'fused' if emitted.fused else 'plain'} lowering, simulated "
+                 f"{emitted.simulated_us:.3f} us with the runtime's FIFO depth")
     if schedule_out:
         texts[schedule_out] = schedule.to_json() + "\n"
     if write_model:

@@ -1,0 +1,111 @@
+"""``synth bounds`` (the physical limit of a collective) and ``synth baseline`` (NCCL-style schedules)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from ..errors import InputError
+from ..units import format_size, parse_size
+from ._common import echo_err, write_atomic
+
+_SIZE_HELP = "nccl-tests' size (e.g. 1GB = 2**30 bytes, or a byte count such as 1000000000)."
+
+
+def _topology_options(func):
+    options = [
+        click.option("--topology", "-t", "topology_name", required=True,
+                     help="Built-in topology name or JSON file."),
+        click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Compose this many copies joined through their NICs."),
+        click.option("--size", "size_text", required=True, help=_SIZE_HELP),
+        click.option("--root", type=click.IntRange(min=0), default=None,
+                     help="Root rank of broadcast, reduce, gather, scatter (default 0)."),
+        click.option("--json", "as_json", is_flag=True, help="Print a JSON object on stdout."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+@click.command("bounds")
+@click.argument("collective")
+@_topology_options
+@click.option("--chunks", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Chunks per rank, for the store-and-forward path of one chunk.")
+def bounds(collective, topology_name, nodes, size_text, root, as_json, chunks):
+    """Lower bounds on COLLECTIVE's time: bandwidth (max-flow / LP) and latency (alpha diameter)."""
+    from ..bounds import lower_bound
+    from ..topology import load_topology
+
+    topo = load_topology(topology_name, nodes)
+    size = parse_size(size_text)
+    b = lower_bound(collective, topo, size, chunks, root)
+    if as_json:
+        click.echo(json.dumps(b.to_dict(), indent=1))
+        return
+    echo_err(f"{b.collective} {format_size(size)} ({size} bytes) on {topo.name} ({topo.num_ranks} ranks)")
+    echo_err(f"  bandwidth bound  {b.bandwidth_us:14.3f} us  ({b.method})")
+    echo_err(f"  latency bound    {b.latency_us:14.3f} us  (alpha diameter, {b.hops} hops)")
+    echo_err(f"  limit            {b.limit_us:14.3f} us  ({b.binding} binds; algbw {b.algbw_GBps:.3f} GB/s)")
+    echo_err(f"  one-chunk path   {b.chunk_path_us:14.3f} us  (store-and-forward, {chunks} chunk(s) per rank)")
+
+
+@click.command("baseline")
+@click.argument("name")
+@click.argument("collective")
+@_topology_options
+@click.option("--chunks", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Chunks per rank per ring or tree (pipelining); ignored by NAME 'best', which tries 1, 2, 4.")
+@click.option("-o", "--output", "xml_out", type=click.Path(dir_okay=False), default=None,
+              help="Write the schedule as MSCCL XML (executor target).")
+@click.option("--schedule-out", type=click.Path(dir_okay=False), default=None,
+              help="Write the schedule as synth JSON.")
+def baseline(name, collective, topology_name, nodes, size_text, root, as_json, chunks, xml_out, schedule_out):
+    """Build, verify and time baseline NAME for COLLECTIVE; NAME 'best' picks the fastest that applies.
+
+    Baselines: ring, bidir-ring, multi-ring, double-binary-tree, recursive-doubling,
+    recursive-halving-doubling, hierarchical, all-pairs.
+    """
+    from ..baselines import BASELINES, best_baseline, build_baseline
+    from ..bounds import lower_bound
+    from ..execute import verify
+    from ..topology import load_topology
+
+    if name != "best" and name not in BASELINES:
+        raise InputError("NAME", "", f"unknown baseline {name!r}; choose best or one of {', '.join(BASELINES)}")
+    topo = load_topology(topology_name, nodes)
+    size = parse_size(size_text)
+    if name == "best":
+        name, schedule, report = best_baseline(collective, topo, size, root)
+    else:
+        schedule = build_baseline(name, collective, topo, chunks, root, order_bytes=size)
+        report = verify(schedule, topo, size)
+    bound = lower_bound(schedule.collective.name, topo, size, schedule.collective.chunks_per_rank, root)
+    if xml_out:
+        _write_xml(schedule, topo, xml_out, size)
+    if schedule_out:
+        write_atomic(schedule_out, schedule.to_json() + "\n")
+    summary = {"baseline": name, "collective": schedule.collective.name, "topology": topo.name,
+               "ranks": topo.num_ranks, "size_bytes": size,
+               "chunks_per_rank": schedule.collective.chunks_per_rank, "steps": schedule.steps,
+               "transfers": len(schedule.transfers), "time_us": report.time_us, "algbw_GBps": report.algbw_GBps,
+               "busbw_GBps": report.busbw_GBps, "limit_us": bound.limit_us,
+               "fraction_of_limit": bound.limit_us / report.time_us if report.time_us > 0 else 1.0}
+    if as_json:
+        click.echo(json.dumps(summary, indent=1))
+        return
+    echo_err(f"{name} {summary['collective']} {format_size(size)} on {topo.name}: {report.time_us:.3f} us, "
+             f"algbw {report.algbw_GBps:.3f} GB/s, busbw {report.busbw_GBps:.3f} GB/s, "
+             f"{summary['fraction_of_limit']:.1%} of the limit ({bound.limit_us:.3f} us); "
+             f"{len(schedule.transfers)} transfers in {schedule.steps} steps")
+
+
+def _write_xml(schedule, topology, path, size_bytes) -> None:
+    try:
+        from backends.msccl_xml import write_msccl_xml
+    except ImportError:
+        raise InputError("-o", "", "the MSCCL XML backend (backends.msccl_xml) is not available in this build; "
+                         "use --schedule-out for the JSON schedule") from None
+    write_msccl_xml(schedule, topology, path, size_bytes=size_bytes, target="executor")

@@ -1,0 +1,127 @@
+"""Baselines: every applicable one verifies for every collective it implements; ring closed forms; best."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from synth.baselines import BASELINES, baseline_status, best_baseline, build_baseline, find_ring, pack_rings
+from synth.bounds import lower_bound
+from synth.errors import InputError
+from synth.execute import verify
+from synth.topology import load_topology, topology_from_dict
+
+ALPHA, BW = 0.7, 25.0
+TOPOLOGIES = {"ring-8": load_topology("ring-8"), "dgx1": load_topology("dgx1"),
+              "ndv2x2": load_topology("ndv2", nodes=2), "dgx-a100": load_topology("dgx-a100")}
+CASES = [(t, b, c) for t in TOPOLOGIES for b, spec in BASELINES.items() for c in spec.collectives]
+# baselines that must apply (the rest may be skipped, with a reason)
+MUST_APPLY = {
+    "ring-8": {"ring", "bidir-ring", "multi-ring"},
+    "dgx1": {"ring", "bidir-ring", "multi-ring", "recursive-doubling", "recursive-halving-doubling",
+             "double-binary-tree"},
+    "ndv2x2": {"ring", "bidir-ring", "hierarchical", "double-binary-tree"},
+    "dgx-a100": {"ring", "bidir-ring", "double-binary-tree", "recursive-doubling", "recursive-halving-doubling",
+                 "all-pairs"},
+}
+
+
+@pytest.mark.parametrize("topo_name, name, collective", CASES)
+@pytest.mark.parametrize("chunks", [1, 3])
+def test_every_applicable_baseline_verifies(topo_name, name, collective, chunks):
+    topo = TOPOLOGIES[topo_name]
+    root = 3 if collective in ("broadcast", "reduce", "gather", "scatter") else None
+    try:
+        schedule = build_baseline(name, collective, topo, chunks, root)
+    except InputError as exc:
+        assert name not in MUST_APPLY[topo_name], str(exc)
+        assert exc.problem
+        return
+    report = verify(schedule, topo, 1 << 20)
+    assert report.time_us > 0
+    assert schedule.collective.root == root
+    assert schedule.notes["baseline"] == name and schedule.method == f"baseline:{name}"
+    json.loads(schedule.to_json())
+    bound = lower_bound(collective, topo, 1 << 20, root=root)
+    assert report.time_us >= bound.limit_us * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("n", [4, 5, 8])
+def test_ring_matches_closed_form(n):
+    topo = load_topology(f"ring-{n}")
+    size = 3_000_000
+    hop = ALPHA + size / n / (BW * 1e3)
+    for collective, hops in (("allgather", n - 1), ("reducescatter", n - 1), ("allreduce", 2 * (n - 1))):
+        s = build_baseline("ring", collective, topo)
+        assert verify(s, topo, size).time_us == pytest.approx(hops * hop)
+    # pipelined chain: the first chunk crosses n-1 links, the others follow one transmission apart
+    chunks = 6
+    beta = size / chunks / (BW * 1e3)
+    s = build_baseline("ring", "broadcast", topo, chunks, root=1)
+    assert verify(s, topo, size).time_us == pytest.approx((n - 1) * (ALPHA + beta) + (chunks - 1) * beta)
+    # both directions: half the data each way
+    s = build_baseline("bidir-ring", "allgather", topo)
+    assert verify(s, topo, size).time_us == pytest.approx((n - 1) * (ALPHA + size / n / 2 / (BW * 1e3)))
+
+
+def test_dgx1_packs_six_rings_and_reaches_the_allgather_limit():
+    topo = TOPOLOGIES["dgx1"]
+    assert find_ring(topo) == [0, 1, 3, 2, 6, 7, 5, 4]
+    assert len(pack_rings(topo)) == 6
+    s = build_baseline("multi-ring", "allgather", topo, order_bytes=10**9)
+    limit = lower_bound("allgather", topo, 10**9).limit_us
+    assert verify(s, topo, 10**9).time_us == pytest.approx(limit, rel=1e-3)
+
+
+def test_hierarchical_beats_the_flat_ring_across_nodes():
+    topo = TOPOLOGIES["ndv2x2"]
+    flat = verify(build_baseline("ring", "allgather", topo, 4), topo, 10**9).time_us
+    hier = verify(build_baseline("hierarchical", "allgather", topo, 4, order_bytes=10**9), topo, 10**9).time_us
+    assert hier < 0.6 * flat
+    assert hier >= 40e3  # the limit: half the data through one 12.5 GB/s NIC
+
+
+def test_skips_name_the_missing_piece():
+    status = baseline_status("allgather", TOPOLOGIES["ring-8"])
+    assert status["ring"] is None
+    assert "no direct link 0->2" in status["all-pairs"]
+    assert "several nodes" in status["hierarchical"]
+    assert "does not implement allgather" in status["double-binary-tree"]
+    assert "power-of-two" in baseline_status("allgather", load_topology("fully-connected-6"))["recursive-doubling"]
+    assert "cannot run backwards" in baseline_status("allgather", load_topology("ndv2-2node-tecc"))["bidir-ring"]
+
+
+def test_build_errors():
+    topo = TOPOLOGIES["ring-8"]
+    with pytest.raises(InputError, match="unknown baseline 'spiral'"):
+        build_baseline("spiral", "allgather", topo)
+    with pytest.raises(InputError, match="does not implement alltoall"):
+        build_baseline("double-binary-tree", "alltoall", topo)
+    with pytest.raises(InputError, match="at least 1"):
+        build_baseline("ring", "allgather", topo, 0)
+
+
+def test_best_baseline_is_the_fastest():
+    topo = TOPOLOGIES["dgx-a100"]
+    size = 1 << 20
+    name, schedule, report = best_baseline("allreduce", topo, size)
+    assert verify(schedule, topo, size).time_us == pytest.approx(report.time_us)
+    for other, reason in baseline_status("allreduce", topo).items():
+        if reason is None:
+            for chunks in (1, 2, 4):
+                s = build_baseline(other, "allreduce", topo, chunks, order_bytes=size)
+                assert verify(s, topo, size).time_us >= report.time_us - 1e-9
+
+
+def test_best_baseline_without_any_applicable_one():
+    star = topology_from_dict({"ranks": 4, "defaults": {"alpha_us": 1, "bw_GBps": 10},
+                               "links": [{"src": 0, "dst": r, "bidirectional": True} for r in (1, 2, 3)]}, "star")
+    with pytest.raises(InputError, match="no baseline applies to alltoall on star"):
+        best_baseline("alltoall", star, 1024)
+
+
+def test_switch_topology_takes_any_ring_order():
+    topo = load_topology("dgx2")
+    assert find_ring(topo) == list(range(16))
+    assert verify(build_baseline("ring", "allgather", topo), topo, 1 << 20)

@@ -1,0 +1,81 @@
+"""`synth bounds` and `synth baseline` through click's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from synth.cli import main
+from synth.execute import verify
+from synth.schedule import load_schedule
+from synth.topology import load_topology
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_bounds_json():
+    r = run("bounds", "allgather", "--topology", "ndv2-2node-tecc", "--size", "1000000000", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out) == {"collective", "topology", "size_bytes", "bandwidth_us", "latency_us", "limit_us",
+                        "binding", "hops", "chunk_path_us", "method", "algbw_GBps"}
+    assert out["bandwidth_us"] == pytest.approx(40e3)
+    assert out["latency_us"] == pytest.approx(4.1)
+    assert out["binding"] == "bandwidth" and out["size_bytes"] == 10**9
+
+
+def test_bounds_summary_on_stderr_with_nodes():
+    r = run("bounds", "alltoall", "-t", "ndv2", "--nodes", "2", "--size", "1GB")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == ""
+    assert "ndv2x2" in r.stderr and "concurrent-flow LP" in r.stderr and "bandwidth binds" in r.stderr
+
+
+def test_baseline_json_and_schedule_out(tmp_path):
+    out_file = tmp_path / "ring.json"
+    r = run("baseline", "ring", "allgather", "-t", "ring-4", "--size", "1MB", "--chunks", "2", "--json",
+            "--schedule-out", str(out_file))
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out) >= {"baseline", "collective", "topology", "size_bytes", "chunks_per_rank", "time_us",
+                        "algbw_GBps", "busbw_GBps", "limit_us", "fraction_of_limit", "steps", "transfers"}
+    assert out["baseline"] == "ring" and out["chunks_per_rank"] == 2
+    assert 0 < out["fraction_of_limit"] <= 1
+    topo = load_topology("ring-4")
+    assert verify(load_schedule(out_file), topo, 1 << 20).time_us == pytest.approx(out["time_us"])
+
+
+def test_baseline_best_summary():
+    r = run("baseline", "best", "allreduce", "-t", "dgx-a100", "--size", "64MB")
+    assert r.exit_code == 0, r.output
+    assert r.stdout == "" and "of the limit" in r.stderr
+
+
+def test_baseline_xml_output(tmp_path):
+    pytest.importorskip("backends.msccl_xml")
+    xml = tmp_path / "ag.xml"
+    r = run("baseline", "ring", "allgather", "-t", "dgx1", "--size", "1MB", "-o", str(xml))
+    assert r.exit_code == 0, r.output
+    assert xml.read_text().startswith("<algo ")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("baseline", "spiral", "allgather", "-t", "ring-4", "--size", "1MB"), "unknown baseline 'spiral'"),
+    (("baseline", "all-pairs", "allgather", "-t", "ring-4", "--size", "1MB"), "no direct link 0->2"),
+    (("bounds", "allsum", "-t", "ring-4", "--size", "1MB"), "unknown collective"),
+    (("bounds", "allgather", "-t", "ring-4", "--size", "lots"), "cannot read size"),
+])
+def test_errors_are_one_line_exit_1(args, message):
+    r = run(*args)
+    assert r.exit_code == 1
+    assert r.stderr.startswith("Error: ") and message in r.stderr and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("command", ["bounds", "baseline"])
+def test_help(command):
+    r = run(command, "--help")
+    assert r.exit_code == 0 and "--topology" in r.stdout and "--size" in r.stdout

@@ -1,0 +1,499 @@
+"""The step-level interpreter: shared reference files, hand-built programs per collective, seeded faults.
+
+The small program builders and the mutation operators defined here are also used by ``test_simulate.py``
+and ``benchmarks/bench_mutants.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from backends.msccl_ir import Gpu, MscclProgram, Step, Threadblock
+from synth.interpret import execute_program
+
+SHARED_XML = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
+VALID_FILES = ["allgather_ring_8gpu_1ch_1inst.xml", "simple_allgather_ring_4gpu.xml",
+               "simple_allreduce_ring_8gpu_1inst.xml", "allreduce_a100_allpairs_8gpu_1inst.xml",
+               "alltoall_allpairs_8gpu_1inst.xml", "hierarchical_allreduce_4gpu_2node_1inst.xml",
+               "dgx1_allgather_s2_r3_c2.xml", "dgx1_reducescatter_s2_r3_c2.xml"]
+INVALID_FILE = "allreduce_a100_pcie_hierarchical_8gpu_1inst.xml"
+
+
+def load_shared(name: str) -> MscclProgram:
+    from backends.msccl_parse import load_msccl_xml
+    return load_msccl_xml(SHARED_XML / name)[0]
+
+
+# ----------------------------------------------------------------------------------------------- builders
+# S("rcs", "o2", "o2") is a step; T(send, recv, chan, *steps) a tb; P(...) a program. Step and tb ids are
+# assigned by position, so mutants stay well-formed where the mutation does not say otherwise.
+
+def S(type_: str, src: str = "o0", dst: str = "o0", cnt: int = 1, dep: tuple[int, int] | None = None,
+      hasdep: int = 0) -> Step:
+    depid, deps = dep if dep is not None else (-1, -1)
+    return Step(0, type_, src[0], int(src[1:]), dst[0], int(dst[1:]), cnt, depid, deps, hasdep)
+
+
+def T(send: int, recv: int, chan: int, *steps: Step) -> Threadblock:
+    return Threadblock(0, send, recv, chan, tuple(dataclasses.replace(s, s=k) for k, s in enumerate(steps)))
+
+
+def P(coll: str, gpus: dict, nchunks: int, sizes: tuple[int, int, int], inplace: int = 0,
+      proto: str = "Simple") -> MscclProgram:
+    """``gpus`` maps rank -> list of tbs; ``sizes`` are (i_chunks, o_chunks, s_chunks) for every gpu."""
+    out = []
+    for rank in sorted(gpus):
+        tbs = tuple(dataclasses.replace(tb, id=k) for k, tb in enumerate(gpus[rank]))
+        out.append(Gpu(rank, *sizes, tbs))
+    chans = 1 + max((tb.chan for g in out for tb in g.tbs), default=0)
+    return MscclProgram(f"test_{coll}", proto, chans, nchunks, len(out), coll, inplace, 1 - inplace, 0, 1 << 30,
+                        tuple(out))
+
+
+def ring_allgather(n: int = 4, inplace: bool = True, proto: str = "Simple") -> MscclProgram:
+    """One tb per gpu: send own chunk, forward n-2, receive the last. Out of place: cpy i0 -> o[r] first."""
+    gpus = {}
+    for r in range(n):
+        steps = []
+        if not inplace:
+            steps.append(S("cpy", "i0", f"o{r}"))
+        steps.append(S("s", f"o{r}", f"o{r}"))
+        steps += [S("rcs" if k < n - 1 else "r", f"o{(r - k) % n}", f"o{(r - k) % n}") for k in range(1, n)]
+        gpus[r] = [T((r + 1) % n, (r - 1) % n, 0, *steps)]
+    return P("allgather", gpus, n, (0 if inplace else 1, n, 0), int(inplace), proto)
+
+
+def ring_reducescatter(n: int = 4) -> MscclProgram:
+    """Chunk c ends reduced on rank c: partial sums travel the ring, the last hop reduces into o0."""
+    gpus = {}
+    for r in range(n):
+        steps = [S("s", f"i{(r - 1) % n}", f"i{(r - 1) % n}")]
+        steps += [S("rrs", f"i{(r - k - 1) % n}", f"i{(r - k - 1) % n}") for k in range(1, n - 1)]
+        steps.append(S("rrc", f"i{r}", "o0"))
+        gpus[r] = [T((r + 1) % n, (r - 1) % n, 0, *steps)]
+    return P("reducescatter", gpus, n, (n, 1, 0))
+
+
+def ring_allreduce(n: int = 4) -> MscclProgram:
+    """In-place ring Allreduce: s, rrs x (n-2), rrcs, rcs x (n-2), r."""
+    gpus = {}
+    for r in range(n):
+        types = ["s"] + ["rrs"] * (n - 2) + ["rrcs"] + ["rcs"] * (n - 2) + ["r"]
+        chunks = [(r - k) % n for k in range(n)] + [(r - j) % n for j in range(n - 1)]
+        gpus[r] = [T((r + 1) % n, (r - 1) % n, 0, *(S(ty, f"i{c}", f"i{c}") for ty, c in zip(types, chunks)))]
+    return P("allreduce", gpus, n, (n, 0, 0), inplace=1)
+
+
+def direct_alltoall(n: int = 3) -> MscclProgram:
+    """One tb per peer that sends i[peer] and receives o[peer]; a local cpy for the own block."""
+    gpus = {}
+    for r in range(n):
+        tbs = [T(-1, -1, 0, S("cpy", f"i{r}", f"o{r}"))]
+        tbs += [T(p, p, 0, S("s", f"i{p}", f"o{r}"), S("r", f"i{p}", f"o{p}")) for p in range(n) if p != r]
+        gpus[r] = tbs
+    return P("alltoall", gpus, n, (n, n, 0))
+
+
+def chain_broadcast(n: int = 4) -> MscclProgram:
+    """Root 0 copies its input out (hasdep) and sends it down the chain 0 -> 1 -> ... -> n-1."""
+    gpus = {0: [T(-1, -1, 0, S("cpy", "i0", "o0", hasdep=1)), T(1, -1, 0, S("s", "o0", "o0", dep=(0, 0)))]}
+    for r in range(1, n):
+        kind = "rcs" if r < n - 1 else "r"
+        gpus[r] = [T(r + 1 if r < n - 1 else -1, r - 1, 0, S(kind, "o0", "o0"))]
+    return P("broadcast", gpus, 1, (1, 1, 0))
+
+
+def chain_reduce(n: int = 4) -> MscclProgram:
+    """Partial sums travel n-1 -> ... -> 1 -> 0; the root reduces into o0."""
+    gpus = {n - 1: [T(n - 2, -1, 0, S("s", "i0", "i0"))]}
+    for r in range(n - 2, 0, -1):
+        gpus[r] = [T(r - 1, r + 1, 0, S("rrs", "i0", "i0"))]
+    gpus[0] = [T(-1, 1, 0, S("rrc", "i0", "o0"))]
+    return P("reduce", gpus, 1, (1, 1, 0))
+
+
+def direct_gather(n: int = 3) -> MscclProgram:
+    gpus = {0: [T(-1, -1, 0, S("cpy", "i0", "o0"))] + [T(-1, p, 0, S("r", "i0", f"o{p}")) for p in range(1, n)]}
+    for r in range(1, n):
+        gpus[r] = [T(0, -1, 0, S("s", "i0", f"o{r}"))]
+    return P("gather", gpus, n, (1, n, 0))
+
+
+def direct_scatter(n: int = 3) -> MscclProgram:
+    gpus = {0: [T(-1, -1, 0, S("cpy", "i0", "o0"))] + [T(p, -1, 0, S("s", f"i{p}", "o0")) for p in range(1, n)]}
+    for r in range(1, n):
+        gpus[r] = [T(-1, 0, 0, S("r", f"i{r}", "o0"))]
+    return P("scatter", gpus, n, (n, 1, 0))
+
+
+BUILDERS = {"allgather": ring_allgather, "reducescatter": ring_reducescatter, "allreduce": ring_allreduce,
+            "alltoall": direct_alltoall, "broadcast": chain_broadcast, "reduce": chain_reduce,
+            "gather": direct_gather, "scatter": direct_scatter}
+
+
+# ----------------------------------------------------------------------------------------------- mutations
+
+def replace_step(program: MscclProgram, gpu: int, tb: int, k: int, **changes) -> MscclProgram:
+    return _edit_tb(program, gpu, tb, lambda t: dataclasses.replace(
+        t, steps=t.steps[:k] + (dataclasses.replace(t.steps[k], **changes),) + t.steps[k + 1:]))
+
+
+def replace_tb(program: MscclProgram, gpu: int, tb: int, **changes) -> MscclProgram:
+    return _edit_tb(program, gpu, tb, lambda t: dataclasses.replace(t, **changes))
+
+
+def drop_step(program: MscclProgram, gpu: int, tb: int, k: int) -> MscclProgram:
+    return _edit_tb(program, gpu, tb, lambda t: _renumber(t, t.steps[:k] + t.steps[k + 1:]))
+
+
+def swap_steps(program: MscclProgram, gpu: int, tb: int, a: int, b: int) -> MscclProgram:
+    def swap(t):
+        steps = list(t.steps)
+        steps[a], steps[b] = steps[b], steps[a]
+        return _renumber(t, tuple(steps))
+    return _edit_tb(program, gpu, tb, swap)
+
+
+def _renumber(tb: Threadblock, steps) -> Threadblock:
+    return dataclasses.replace(tb, steps=tuple(dataclasses.replace(s, s=k) for k, s in enumerate(steps)))
+
+
+def _edit_tb(program: MscclProgram, gpu: int, tb: int, edit) -> MscclProgram:
+    gpus = []
+    for g in program.gpus:
+        if g.id == gpu:
+            g = dataclasses.replace(g, tbs=tuple(edit(t) if t.id == tb else t for t in g.tbs))
+        gpus.append(g)
+    return dataclasses.replace(program, gpus=tuple(gpus))
+
+
+READS_SRC = ("s", "rrs", "rrc", "rrcs", "cpy", "re")
+WRITES_DST = ("r", "rcs", "rrc", "rrcs", "cpy", "re")
+RECEIVES = ("r", "rcs", "rrs", "rrc", "rrcs")
+
+
+def random_mutant(program: MscclProgram, rng: random.Random) -> tuple[str, MscclProgram] | None:
+    """One seeded random fault: drop/swap a step, change a peer, offset, cnt, depid or hasdep."""
+    sites = [(g.id, tb.id, k, tb) for g in program.gpus for tb in g.tbs for k in range(len(tb.steps))]
+    if not sites:
+        return None
+    gpu, tb_id, k, tb = rng.choice(sites)
+    step = tb.steps[k]
+    op = rng.choice(["drop", "swap", "peer", "offset", "cnt", "depid", "hasdep", "recv-first"])
+    if op == "recv-first":
+        return _both_receive_first(program, gpu, tb)
+    if op == "drop":
+        return op, drop_step(program, gpu, tb_id, k)
+    if op == "swap":
+        if len(tb.steps) < 2:
+            return None
+        other = rng.choice([j for j in range(len(tb.steps)) if j != k])
+        return op, swap_steps(program, gpu, tb_id, k, other)
+    if op == "peer":
+        field_name = rng.choice([f for f in ("send", "recv") if getattr(tb, f) >= 0] or ["send"])
+        choices = [p for p in range(program.ngpus) if p not in (gpu, getattr(tb, field_name))]
+        return (op, replace_tb(program, gpu, tb_id, **{field_name: rng.choice(choices)})) if choices else None
+    if op == "offset":  # only offsets the step uses: a receive ignores srcoff, a send dstoff
+        used = [f for f, kinds_ in (("srcoff", READS_SRC), ("dstoff", WRITES_DST)) if step.type in kinds_]
+        if not used:
+            return None
+        field_name = rng.choice(used)
+        return op, replace_step(program, gpu, tb_id, k, **{field_name: getattr(step, field_name) + rng.choice([-1, 1])})
+    if op == "cnt":
+        if step.type == "nop":
+            return None
+        return op, replace_step(program, gpu, tb_id, k, cnt=step.cnt + rng.choice([-1, 1]) if step.cnt > 1 else 2)
+    if op == "depid":
+        others = [t.id for g in program.gpus if g.id == gpu for t in g.tbs if t.id not in (tb_id, step.depid)]
+        if not others:
+            return None
+        return op, replace_step(program, gpu, tb_id, k, depid=rng.choice(others), deps=max(step.deps, 0))
+    if not step.hasdep:
+        return None
+    return op, replace_step(program, gpu, tb_id, k, hasdep=0)
+
+
+def _both_receive_first(program: MscclProgram, gpu: int, tb: Threadblock):
+    """Move the first receive to the front in ``tb`` and in its peer's tb on the same channel."""
+    peer = next((t for g in program.gpus if g.id == tb.send for t in g.tbs
+                 if t.recv == gpu and t.chan == tb.chan), None)
+    if peer is None or tb.recv != tb.send:
+        return None
+    for g, t in ((gpu, tb), (tb.send, peer)):
+        first = next((k for k, s in enumerate(t.steps) if s.type in RECEIVES), None)
+        if first is None:
+            return None
+        program = _edit_tb(program, g, t.id, lambda x, first=first: _renumber(
+            x, (x.steps[first],) + x.steps[:first] + x.steps[first + 1:]))
+    return "recv-first", program
+
+
+def mutant_sweep(programs: list[MscclProgram], count: int, seed: int = 0) -> dict:
+    """Run ``count`` seeded random mutants of ``programs``; return how many the interpreter rejects, per operator."""
+    rng = random.Random(seed)
+    per_op: dict = {}
+    made = 0
+    while made < count:
+        out = random_mutant(rng.choice(programs), rng)
+        if out is None:
+            continue
+        op, mutant = out
+        made += 1
+        caught = not execute_program(mutant).ok
+        total, hit = per_op.get(op, (0, 0))
+        per_op[op] = (total + 1, hit + caught)
+    caught = sum(h for _, h in per_op.values())
+    return {"mutants": made, "caught": caught, "share": caught / made, "per_operator": per_op}
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+def kinds(result) -> set[str]:
+    return {f.kind for f in result.errors()}
+
+
+def messages(result, kind: str) -> list[str]:
+    return [f.message for f in result.errors() if f.kind == kind]
+
+
+# ----------------------------------------------------------------------------------------------- shared files
+
+@pytest.mark.parametrize("name", VALID_FILES)
+def test_shared_valid_files_are_valid(name):
+    result = execute_program(load_shared(name))
+    assert result.ok, [str(f) for f in result.errors()[:3]]
+    assert result.completed and result.deadlocks_at_runtime_depth is False
+    assert result.deadlock_cycle == ()
+
+
+def test_shared_invalid_file_names_the_double_reduced_chunks():
+    result = execute_program(load_shared(INVALID_FILE))
+    assert not result.ok
+    post = messages(result, "postcondition")
+    assert len(post) == 512  # msccl-tools' own check reports 512 wrong chunks
+    # half are reduced twice (a scratch chunk re-added by a fused `re`), half get another chunk's data
+    assert sum("counted too often" in m for m in post) == 256
+    assert "allreduce output o[0] of rank 0 contributions counted too often: rank 1's i[0] (2x)" in post[0]
+    # it also needs more than one message in flight on some connections, but not more than LL's 8
+    assert result.deadlocks_at_runtime_depth is False and "deadlock" in kinds(result)
+
+
+def test_rendezvous_sends_reject_the_ring_allgather_that_depth_one_accepts():
+    program = load_shared("allgather_ring_8gpu_1ch_1inst.xml")
+    assert execute_program(program, fifo_depth=1).ok
+    rendezvous = execute_program(program, fifo_depth=0)
+    assert "deadlock" in kinds(rendezvous) and len(rendezvous.deadlock_cycle) == 8
+
+
+def test_inplace_allgather_outputs_hold_every_rank_chunk():
+    result = execute_program(load_shared("allgather_ring_8gpu_1ch_1inst.xml"))
+    assert result.collective.chunks_per_rank == 1
+    assert all(result.outputs[(r, k)] == Counter({(k, 0): 1}) for r in range(8) for k in range(8))
+
+
+# ----------------------------------------------------------------------------------------------- each collective
+
+@pytest.mark.parametrize("coll", sorted(BUILDERS))
+def test_hand_built_program_implements_its_collective(coll):
+    program = BUILDERS[coll]()
+    result = execute_program(program)
+    assert result.ok, [str(f) for f in result.findings]
+    assert result.collective.name == coll
+
+
+def test_out_of_place_allgather_and_llproto_are_valid():
+    assert execute_program(ring_allgather(5, inplace=False)).ok
+    assert execute_program(ring_allgather(3, proto="LL128")).ok
+
+
+def test_reduce_reports_partial_sums_exactly():
+    result = execute_program(chain_reduce(4))
+    assert result.outputs[(0, 0)] == Counter({(r, 0): 1 for r in range(4)})
+
+
+def test_rooted_collective_root_is_inferred_from_the_data():
+    # a broadcast whose root is rank 2: relabel ranks of the chain (0 -> 2, 2 -> 0)
+    relabel = {0: 2, 1: 1, 2: 0, 3: 3}
+    base = chain_broadcast(4)
+    gpus = []
+    for g in base.gpus:
+        tbs = tuple(dataclasses.replace(tb, send=relabel.get(tb.send, -1), recv=relabel.get(tb.recv, -1))
+                    for tb in g.tbs)
+        gpus.append(dataclasses.replace(g, id=relabel[g.id], tbs=tbs))
+    program = dataclasses.replace(base, gpus=tuple(sorted(gpus, key=lambda g: g.id)))
+    result = execute_program(program)
+    assert result.ok and result.collective.root == 2
+
+
+def test_custom_collective_reports_what_each_output_holds():
+    result = execute_program(ring_allgather(3, inplace=False), collective="custom")
+    assert result.ok and result.collective is None
+    assert result.outputs[(0, 2)] == Counter({(2, 0): 1})
+
+
+def test_multi_chunk_messages_move_consecutive_chunks():
+    gpus = {0: [T(1, -1, 0, S("s", "i0", "o0", cnt=2))], 1: [T(-1, 0, 0, S("r", "o0", "o0", cnt=2))]}
+    result = execute_program(P("custom", gpus, 2, (2, 2, 0)), collective="custom")
+    assert result.outputs[(1, 0)] == Counter({(0, 0): 1}) and result.outputs[(1, 1)] == Counter({(0, 1): 1})
+
+
+def test_local_reduce_adds_source_into_destination():
+    gpus = {0: [T(-1, -1, 0, S("cpy", "i0", "o0"), S("re", "i1", "o0"))], 1: [T(-1, -1, 0)]}
+    result = execute_program(P("custom", gpus, 2, (2, 1, 0)), collective="custom")
+    assert result.outputs[(0, 0)] == Counter({(0, 0): 1, (0, 1): 1})
+
+
+# ----------------------------------------------------------------------------------------------- seeded faults
+
+def test_dropped_receive_leaves_messages_unreceived_and_outputs_missing():
+    result = execute_program(drop_step(ring_allgather(4), 1, 0, 3))
+    assert "unmatched" in kinds(result) and "postcondition" in kinds(result)
+    assert any("o[2] of rank 1 holds nothing" in m for m in messages(result, "postcondition"))
+
+
+def test_both_ends_receiving_first_is_a_deadlock_with_its_cycle():
+    program = direct_alltoall(3)
+    for gpu, tb in ((0, 1), (1, 1)):   # gpu 0's tb to gpu 1 and gpu 1's tb to gpu 0
+        program = swap_steps(program, gpu, tb, 0, 1)
+    result = execute_program(program)
+    assert result.deadlocks_at_runtime_depth is True
+    assert set(result.deadlock_cycle) == {(0, 1, 0), (1, 1, 0)}
+    (msg,) = messages(result, "deadlock")
+    assert "gpu 0 tb 1 step 0 (r) waits for a message from gpu 1" in msg
+    assert "also deadlocks with the runtime's FIFO depth 2" in msg
+
+
+def test_every_tb_receiving_first_in_a_ring_is_a_cycle_through_all_ranks():
+    program = ring_allgather(4)
+    for r in range(4):
+        program = swap_steps(program, r, 0, 0, 1)
+    result = execute_program(program)
+    assert len(result.deadlock_cycle) == 4 and "deadlock" in kinds(result)
+
+
+def test_changed_peer_is_a_connection_problem():
+    result = execute_program(replace_tb(ring_allgather(4), 0, 0, send=2))
+    assert "connection" in kinds(result)
+    assert any("gpu 2 has no tb receiving from gpu 0" in m for m in messages(result, "connection"))
+
+
+def test_changed_offset_names_the_wrong_output():
+    result = execute_program(replace_step(ring_allgather(4), 2, 0, 3, dstoff=0))
+    post = messages(result, "postcondition")
+    assert any("o[3] of rank 2 holds nothing" in m for m in post)
+    assert any("o[0] of rank 2" in m and "do not belong" in m for m in post)
+
+
+def test_offset_beyond_the_buffer_is_a_finding_not_an_exception():
+    result = execute_program(replace_step(ring_allgather(4), 0, 0, 0, srcoff=7))
+    assert any("o[7:8], but o has 4 chunk(s)" in m for m in messages(result, "out-of-range"))
+    result = execute_program(replace_step(ring_allgather(4), 0, 0, 0, srcbuf="x"))
+    assert "out-of-range" in kinds(result)
+
+
+def test_changed_cnt_is_a_count_mismatch():
+    result = execute_program(replace_step(ring_allgather(4), 0, 0, 0, cnt=2))
+    assert any("receives cnt 1, but the matching send (gpu 0 tb 0 step 0) has cnt 2" in m
+               for m in messages(result, "count"))
+
+
+def test_missing_dependency_is_a_race_with_both_locations():
+    program = load_shared("simple_allgather_ring_4gpu.xml")
+    result = execute_program(replace_step(program, 0, 2, 0, depid=-1, deps=-1))
+    (msg,) = messages(result, "race")
+    assert "tb 0 step 0 (cpy) and tb 2 step 0 (s) may run concurrently and one writes and the other reads o[0]" in msg
+
+
+def test_dependency_on_the_wrong_tb_is_caught():
+    program = load_shared("simple_allgather_ring_4gpu.xml")
+    # tb 1 never publishes a flag: the send waits forever
+    result = execute_program(replace_step(program, 0, 2, 0, depid=1))
+    assert any("waits for tb 1 to publish a step >= 0" in m for m in messages(result, "deadlock"))
+    # tb 3 publishes one, but it does not order the send after the cpy of tb 0
+    program = replace_step(program, 0, 3, 0, hasdep=1)
+    result = execute_program(replace_step(program, 0, 2, 0, depid=3))
+    assert any("tb 0 step 0 (cpy) and tb 2 step 0 (s)" in m for m in messages(result, "race"))
+
+
+def test_removed_hasdep_is_a_deadlock_waiting_for_a_flag():
+    result = execute_program(replace_step(chain_broadcast(4), 0, 0, 0, hasdep=0))
+    (msg,) = messages(result, "deadlock")
+    assert "gpu 0 tb 1 step 0 (s) waits for tb 0 to publish a step >= 0" in msg and "has finished" in msg
+
+
+def test_dependency_on_a_missing_tb_is_reported():
+    result = execute_program(replace_step(chain_broadcast(4), 0, 1, 0, depid=9))
+    assert "dependency" in kinds(result)
+
+
+def test_deadlock_only_without_buffering_is_told_apart_from_a_runtime_hang():
+    # both ends send twice before receiving: needs two messages in flight
+    tb = T(1, 1, 0, S("s", "i0", "o0"), S("s", "i1", "o1"), S("r", "i0", "o0"), S("r", "i1", "o1"))
+    gpus = {0: [tb], 1: [dataclasses.replace(tb, send=0, recv=0)]}
+    program = P("custom", gpus, 2, (2, 2, 0))
+    result = execute_program(program, collective="custom")
+    assert result.deadlocks_at_runtime_depth is False and not result.ok
+    assert "relies on FIFO buffering" in messages(result, "deadlock")[0]
+    assert execute_program(program, collective="custom", fifo_depth=2).ok
+
+
+def test_program_claiming_both_modes_is_checked_in_both():
+    # an out-of-place-only allgather that also claims in-place: in-place, gpu r's input aliases o[r]
+    program = dataclasses.replace(ring_allgather(3, inplace=False), inplace=1, outofplace=1)
+    result = execute_program(program)
+    assert result.ok
+    gpus = {0: [T(-1, -1, 0, S("cpy", "i0", "o1"), S("cpy", "o1", "o0"))], 1: [T(-1, -1, 0)]}
+    both = P("custom", gpus, 2, (1, 2, 0))
+    both = dataclasses.replace(both, coll="allgather", inplace=1, outofplace=1)
+    assert "postcondition" in kinds(execute_program(both))
+
+
+def test_bad_peer_and_unknown_step_type_are_findings():
+    result = execute_program(replace_tb(ring_allgather(3), 0, 0, send=0))
+    assert "peer" in kinds(result)
+    result = execute_program(replace_step(ring_allgather(3), 0, 0, 1, type="xyz"))
+    assert "step-type" in kinds(result)
+
+
+def test_race_analysis_is_skipped_with_a_warning_beyond_its_budget(monkeypatch):
+    import synth.interpret as interpret
+    monkeypatch.setattr(interpret, "MAX_RACE_TBS", 2)
+    result = execute_program(ring_allgather(4))
+    assert result.ok and any("race analysis skipped" in f.message for f in result.findings)
+
+
+def test_seeded_mutant_sweep_catches_most_faults():
+    programs = [BUILDERS[c]() for c in sorted(BUILDERS)] + [load_shared("simple_allgather_ring_4gpu.xml"),
+                                                            load_shared("dgx1_allgather_s2_r3_c2.xml")]
+    stats = mutant_sweep(programs, 300, seed=1)
+    assert stats["share"] >= 0.85, stats
+
+
+# ----------------------------------------------------------------------------------------------- fuzzing
+
+STEP_STRATEGY = st.builds(Step, s=st.just(0), type=st.sampled_from(["s", "r", "rcs", "rrs", "rrc", "rrcs", "cpy", "re", "nop",
+                                                             "bad"]),
+                  srcbuf=st.sampled_from("ios"), srcoff=st.integers(-2, 5), dstbuf=st.sampled_from("iosx"),
+                  dstoff=st.integers(-2, 5), cnt=st.integers(-1, 3), depid=st.integers(-1, 3),
+                  deps=st.integers(-2, 4), hasdep=st.integers(0, 1))
+TB_STRATEGY = st.builds(Threadblock, id=st.just(0), send=st.integers(-1, 3), recv=st.integers(-1, 3), chan=st.integers(0, 1),
+                steps=st.lists(STEP_STRATEGY, max_size=5).map(tuple))
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.lists(TB_STRATEGY, max_size=3), min_size=2, max_size=3),
+       st.sampled_from(["allgather", "allreduce", "alltoall", "broadcast", "reduce_scatter", "custom", "nonsense"]),
+       st.integers(0, 1), st.sampled_from([None, 0, 1, 2]))
+def test_any_program_ends_in_a_result_never_an_exception(tbs_per_gpu, coll, inplace, depth):
+    gpus = tuple(Gpu(r, 2, 3, 1, tuple(dataclasses.replace(tb, id=k) for k, tb in enumerate(tbs)))
+                 for r, tbs in enumerate(tbs_per_gpu))
+    program = MscclProgram("fuzz", "Simple", 2, 3, len(gpus), coll, inplace, None, None, None, gpus)
+    result = execute_program(program, fifo_depth=depth)
+    assert isinstance(result.ok, bool)
