@@ -274,16 +274,9 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     inplace = 0 if coll.name == "alltoall" else 1
     return MscclProgram(
         name=name or f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}",
-        proto=proto, nchannels=nchannels, nchunksperloop=_loop_chunks(coll), ngpus=coll.num_ranks,
+        proto=proto, nchannels=nchannels, nchunksperloop=coll.loop_chunks, ngpus=coll.num_ranks,
         coll=COLL_SPELLING[target] if coll.name == "reducescatter" else coll.name, inplace=inplace,
         outofplace=1, min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
-
-
-def _loop_chunks(coll) -> int:
-    """MSCCL's nchunksperloop: chunks in count*multiplier elements (multiplier = ngpus for AG/RS/A2A)."""
-    if coll.name in ("allgather", "reducescatter", "alltoall", "allreduce"):
-        return coll.size_chunks
-    return coll.chunks_per_rank
 
 
 def _memory_key(slot: tuple[str, int], coll, rank: int) -> tuple[str, int]:

@@ -870,8 +870,12 @@ def baseline_status(collective_name: str, topology: Topology, root: int | None =
 
 
 def best_baseline(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
-                  chunk_options: tuple[int, ...] = (1, 2, 4)) -> tuple[str, Schedule, ReplayReport]:
+                  chunk_options: tuple[int, ...] = (1, 2, 4),
+                  runnable_only: bool = False) -> tuple[str, Schedule, ReplayReport]:
     """The fastest applicable baseline at ``size_bytes`` over every baseline and ``chunk_options``.
+
+    ``runnable_only`` keeps only schedules the MSCCL runtimes select at power-of-two sizes
+    (see :attr:`synth.collectives.Collective.runs_at_power_of_two_sizes`).
 
     Returns ``(name, schedule, report)``; raises InputError when no baseline applies.
     """
@@ -883,6 +887,10 @@ def best_baseline(collective_name: str, topology: Topology, size_bytes: float, r
             continue
         for chunks in chunk_options:
             schedule = build_baseline(name, collective_name, topology, chunks, root, order_bytes=size_bytes)
+            if runnable_only and not schedule.collective.runs_at_power_of_two_sizes:
+                reasons.append(f"{name} with {chunks} chunk(s): nchunksperloop "
+                               f"{schedule.collective.loop_chunks} is not a power of two")
+                continue
             report = verify(schedule, topology, size_bytes)
             if best is None or report.time_us < best[2].time_us:
                 best = (name, schedule, report)

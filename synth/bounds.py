@@ -47,6 +47,7 @@ import numpy as np
 from .collectives import make_collective, normalize_name
 from .costmodel import BYTES_PER_US_PER_GBPS
 from .errors import InputError, SolverError
+from .solve import INFEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
 from .topology import Topology
 
 _SOURCE = "super-source"
@@ -342,37 +343,16 @@ def alltoall_units(net: nx.DiGraph, n: int) -> float:
 
 
 def _solve_lp(rows, cols, vals, cost, row_lower, row_upper) -> float:
-    """Minimise ``cost @ x`` over ``x >= 0`` and ``row_lower <= A x <= row_upper`` (A in COO); the optimum.
-
-    HiGHS is imported lazily; this small LP is the only solver call outside ``synth.solve``.
-    """
-    import highspy
-
-    num_col, num_row = len(cost), len(row_lower)
-    order = np.lexsort((rows, cols))
-    rows, cols, vals = rows[order], cols[order], vals[order]
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = num_col, num_row
-    lp.col_cost_ = cost
-    lp.col_lower_ = np.zeros(num_col)
-    lp.col_upper_ = np.full(num_col, highspy.kHighsInf)
-    lp.row_lower_ = np.where(np.isinf(row_lower), -highspy.kHighsInf, row_lower)
-    lp.row_upper_ = np.where(np.isinf(row_upper), highspy.kHighsInf, row_upper)
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = np.searchsorted(cols, np.arange(num_col + 1)).astype(np.int32)
-    lp.a_matrix_.index_ = rows.astype(np.int32)
-    lp.a_matrix_.value_ = vals.astype(float)
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
-    if h.passModel(lp) != highspy.HighsStatus.kOk:
-        raise SolverError("HiGHS rejected the alltoall bound LP")
-    h.run()
-    status = h.getModelStatus()
-    if status == highspy.HighsModelStatus.kInfeasible:
+    """Minimise ``cost @ x`` over ``x >= 0`` and ``row_lower <= A x <= row_upper`` (A in COO); the optimum."""
+    model = Model(np.asarray(cost, dtype=float), np.zeros(len(cost)), np.full(len(cost), np.inf),
+                  np.zeros(len(cost), dtype=bool), np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64),
+                  np.asarray(vals, dtype=float), np.asarray(row_lower, dtype=float), np.asarray(row_upper, dtype=float))
+    result = solve_model(model, SolverOptions(time_limit_s=600))
+    if result.status == INFEASIBLE:
         return math.inf
-    if status != highspy.HighsModelStatus.kOptimal:
-        raise SolverError(f"HiGHS could not solve the alltoall bound LP ({h.modelStatusToString(status)})")
-    return float(h.getInfo().objective_function_value)
+    if result.status != OPTIMAL:
+        raise SolverError(f"HiGHS could not solve the alltoall bound LP ({result.highs_status})")
+    return float(result.objective)
 
 
 # ----------------------------------------------------------------------------------------------- latency

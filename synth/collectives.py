@@ -74,6 +74,20 @@ class Collective:
         """Bytes in one chunk when nccl-tests' size is ``size_bytes``."""
         return size_bytes / self.size_chunks
 
+    @property
+    def loop_chunks(self) -> int:
+        """MSCCL's ``nchunksperloop``: chunks in count*multiplier elements (multiplier = ngpus for
+        Allgather/ReduceScatter/Alltoall; Gather/Scatter count one rank's part)."""
+        if self.name in ("allgather", "reducescatter", "alltoall", "allreduce"):
+            return self.size_chunks
+        return self.chunks_per_rank
+
+    @property
+    def runs_at_power_of_two_sizes(self) -> bool:
+        """The MSCCL runtimes skip an algorithm unless the element count divides into ``nchunksperloop``
+        chunks; for the power-of-two sizes everyone uses that needs a power-of-two ``nchunksperloop``."""
+        return self.loop_chunks & (self.loop_chunks - 1) == 0
+
     def busbw_factor(self) -> float:
         return _BUSBW[self.name](self.num_ranks)
 

@@ -35,10 +35,23 @@ def test_infeasible_request_exits_3_and_writes_nothing(tmp_path, coll):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_default_search_runs_without_parameters(tmp_path):
-    r = run("solve", "allgather", "--topology", "ring-4", "--json")
+@pytest.mark.parametrize("topology", ["ring-4", "dgx1"])
+def test_default_search_is_never_slower_than_a_runnable_baseline(topology):
+    from synth.baselines import best_baseline
+    from synth.topology import load_topology
+    r = run("solve", "allgather", "--topology", topology, "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.stdout)["steps"] == 2
+    report = json.loads(r.stdout)
+    assert report["status"] in ("optimal", "baseline")
+    _, _, base = best_baseline("allgather", load_topology(topology), 1 << 20, runnable_only=True)
+    assert report["predicted_time_us"] <= base.time_us * (1 + 1e-9)
+    assert report["limit_us"] <= report["predicted_time_us"] and 0 < report["percent_of_limit"] <= 100
+
+
+def test_without_baselines_the_search_returns_a_solver_schedule():
+    r = run("solve", "allgather", "--topology", "ring-4", "--json", "--no-baseline")
+    report = json.loads(r.stdout)
+    assert report["status"] == "optimal" and report["steps"] == 2 and report["baseline"] is None
 
 
 @pytest.mark.parametrize("args,code,message", [
