@@ -20,6 +20,10 @@ COMMANDS = {
     "simulate": ("simulate", "simulate"),
     "bounds": ("bounds", "bounds"),
     "baseline": ("bounds", "baseline"),
+    "profile": ("profile", "profile"),
+    "export": ("export", "export"),
+    "run": ("run", "run"),
+    "pareto": ("pareto", "pareto"),
 }
 
 

@@ -50,3 +50,26 @@ def show(topology, nodes, as_json):
         click.echo(f"  NIC for local ranks {list(nic.ranks)}: {nic.bw_GBps:g} GB/s, alpha {nic.alpha_us:g} us")
     group = free_symmetry_group(t)
     click.echo(f"  symmetry: {len(group)} rank permutations acting freely")
+
+
+@topo.command("import-nccl")
+@click.argument("dumps", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="Write the topology JSON here (default: print it).")
+@click.option("--name", default=None, help="Topology name (default: the first dump's file name).")
+def import_nccl(dumps, output, name):
+    """Import NCCL topology dumps (NCCL_TOPO_DUMP_FILE), one per node, as a topology JSON file."""
+    from backends.nccl_topo import import_nccl_dumps
+    from ..topology import topology_from_dict
+    from ._common import echo_err, write_atomic
+
+    raw = import_nccl_dumps(list(dumps), name=name)
+    t = topology_from_dict(raw, dumps[0])
+    text = json.dumps(t.to_dict(), indent=1) + "\n"
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    write_atomic(output, text)
+    direct = sum(1 for l in t.links if l.switch is None)
+    echo_err(f"wrote {output}: {t.num_ranks} ranks, {t.num_nodes} node(s), {direct} direct links, "
+             f"{len(t.switches)} switch(es), {len(t.nics)} NIC(s) per node")
