@@ -11,11 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .collectives import make_collective, normalize_name
-from .encode.steps import decode_steps, encode_steps, min_steps
+from .encode.steps import balanced_round_splits, decode_steps, encode_steps, min_steps, with_fixed_rounds
 from .errors import InfeasibleError, InputError, NoSolutionError
 from .schedule import REDUCE, Schedule, Transfer
 from .solve import FEASIBLE, INFEASIBLE, OPTIMAL, SolverOptions, solve_model
 from .topology import Topology, check_connected, reverse_topology
+
+# Seconds for each quick try of an even rounds split before the integer-rounds model (see balanced_round_splits).
+QUICK_SPLIT_SECONDS = 0.2
 
 # The broadcast-type collective whose reversal gives each reduction.
 _REVERSAL_OF = {"reducescatter": "allgather", "reduce": "broadcast"}
@@ -38,8 +41,15 @@ class SynthesisResult:
 def _solve_direct(topology, collective, steps, rounds, options, use_symmetry, label=None):
     """Solve one non-combining step model; prove infeasibility on the full model when the symmetric one fails."""
     enc = encode_steps(topology, collective, steps, rounds, use_symmetry)
+    seconds = 0.0
+    quick = replace(options, time_limit_s=min(QUICK_SPLIT_SECONDS, options.time_limit_s))
+    for parts in balanced_round_splits(rounds, steps):
+        res = solve_model(with_fixed_rounds(enc, parts).model, quick)
+        seconds += res.seconds
+        if res.status in (OPTIMAL, FEASIBLE):
+            return decode_steps(enc, res), res, seconds, len(enc.group)
     res = solve_model(enc.model, options)
-    seconds = res.seconds
+    seconds += res.seconds
     if res.status == INFEASIBLE and len(enc.group) > 1:
         enc = encode_steps(topology, collective, steps, rounds, use_symmetry=False)
         res = solve_model(enc.model, options)

@@ -14,8 +14,9 @@ identical within a link orbit) are kept once per link orbit. A symmetric model c
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -302,3 +303,29 @@ def _rounds_needed(topology: Topology, transfers, steps: int) -> list[int]:
     for (sw, port, _, s), count in port_load.items():
         rounds[s] = max(rounds[s], -(-count // caps[(sw, port)]))
     return rounds
+
+
+def balanced_round_splits(rounds: int, steps: int, limit: int = 3) -> list[tuple[int, ...]]:
+    """The ``limit`` most even ways to split ``rounds`` over ``steps`` (each >= 1), most even first.
+
+    With the rounds of every step fixed the model is pure binary and HiGHS finds feasible ones in about 10 ms
+    on DGX-1 (3,7,6), against ~0.7 s with integer rounds; the hard part is proving uneven splits infeasible,
+    which the integer model does in one go.
+    """
+    if steps > 12 or rounds < steps:
+        return []
+    splits = []
+    for cut in itertools.combinations(range(1, rounds), steps - 1):
+        parts = tuple(b - a for a, b in zip((0,) + cut, cut + (rounds,)))
+        splits.append((max(parts) - min(parts), parts))
+        if len(splits) > 20000:
+            break
+    return [parts for _, parts in sorted(splits)[:limit]]
+
+
+def with_fixed_rounds(enc: StepsEncoding, parts: tuple[int, ...]) -> StepsEncoding:
+    """The same encoding with ``rounds[s]`` fixed to ``parts[s]``."""
+    lo, hi = enc.model.col_lower.copy(), enc.model.col_upper.copy()
+    lo[enc.round_col0:] = parts
+    hi[enc.round_col0:] = parts
+    return replace(enc, model=replace(enc.model, col_lower=lo, col_upper=hi))
