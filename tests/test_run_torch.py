@@ -170,3 +170,15 @@ def test_cli_run_json(tmp_path):
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("["):])
     assert data[0]["ok"] and data[0]["collective"] == "allgather" and data[0]["nprocs"] == 4
+
+
+@pytest.mark.parametrize("coll,S,R,C", [("allgather", 2, 3, 2), ("allreduce", 4, 6, 2)])
+def test_our_dgx1_xml_runs_on_8_processes(dgx1, coll, S, R, C):
+    """What `synth solve -o` writes for DGX-1 computes the collective on real processes, both lowerings."""
+    need_torch()
+    from backends.msccl_xml import lower_to_msccl
+    from synth.synthesize import synthesize_steps
+    sched = synthesize_steps(dgx1, coll, S, R, C).schedule
+    programs = [lower_to_msccl(sched, fuse=True), lower_to_msccl(sched, fuse=False)]
+    for report in run_msccl_programs(programs, 8, timeout_s=30):
+        assert report.ok, report.problems
