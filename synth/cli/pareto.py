@@ -1,0 +1,288 @@
+"""``synth pareto``: the (steps, rounds, chunks) frontier, the best algorithm per size, and an MSCCL bundle.
+
+Thin: the search is :mod:`synth.pareto`, candidates :mod:`synth.candidates`, the per-size choice and the bundle
+:mod:`synth.sizeplan` / :mod:`synth.bundle`, workers :mod:`synth.workers`. Progress goes to stderr, tables (or
+``--json``) to stdout. ``frontier.json`` is rewritten atomically after every instance, so Ctrl-C keeps what was
+found.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import click
+
+from ..collectives import COLLECTIVES, normalize_name
+from ..errors import NoSolutionError
+from ..units import format_size
+from ._common import is_tty
+
+_SIZES_HELP = ("Size range LOW:HIGH (nccl-tests' sizes, e.g. 1KB:1GB) for the per-size choice and the bundle; "
+               "'none' stops after the step frontier.")
+
+
+def _solver_options(func):
+    """--time-limit (per instance; shorter default than ``synth solve``: a sweep solves many), gap, threads, seed."""
+    options = [
+        click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+                     help="Solver limit per instance in seconds; an instance that hits it is 'unknown' and "
+                          "the frontier is then not proven."),
+        click.option("--mip-gap", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+                     help="Relative MIP gap at which the solver may stop."),
+        click.option("--threads", type=click.IntRange(min=1), default=None,
+                     help="Solver threads per instance (default: HiGHS' choice)."),
+        click.option("--seed", type=int, default=0, show_default=True, help="Solver random seed."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+class _Progress:
+    """One status line on stderr: current instance, incumbent, elapsed time (a line per event off a TTY)."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.tty = is_tty()
+        self.t0 = time.perf_counter()
+        self.count = 0
+        self.best = None
+
+    def _show(self, text: str, final: bool = False) -> None:
+        if not self.enabled:
+            return
+        line = f"[{time.perf_counter() - self.t0:7.1f}s] {text}"
+        if self.tty:
+            click.echo(f"\r\x1b[K{line}", err=True, nl=final)
+        elif final:
+            click.echo(line, err=True)
+
+    @property
+    def incumbent(self) -> str:
+        """The feasible point with the smallest rounds per chunk so far."""
+        return "none" if self.best is None else f"{self.best.instance} R/C={self.best.ratio}"
+
+    def start(self, inst) -> None:
+        self._show(f"solving {inst}  | incumbent {self.incumbent} | {self.count} instances")
+
+    def point(self, point) -> None:
+        self.count += 1
+        if point.feasible and (self.best is None or point.ratio < self.best.ratio):
+            self.best = point
+        self._show(f"{point.instance} {point.status} ({point.how}, {point.wall_seconds:.2f} s)  | incumbent "
+                   f"{self.incumbent} | {self.count} instances", final=not self.tty)
+
+    def note(self, text: str) -> None:
+        self._show(text, final=True)
+
+    def done(self) -> None:
+        if self.enabled and self.tty:
+            click.echo("", err=True)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """SIGTERM (a batch scheduler's limit, `kill`) unwinds like Ctrl-C: workers stop, frontier.json stays."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _limit_fn(collective, topology, root):
+    """Physical limit per size from synth.bounds when installed (None otherwise)."""
+    try:
+        from ..bounds import lower_bound
+    except ImportError:
+        return lambda size: None
+
+    def limit(size):
+        try:
+            return lower_bound(collective, topology, size, root=root).limit_us
+        except Exception:  # noqa: BLE001 - the limit is decoration; a failing bound must not stop the run
+            return None
+    return limit
+
+
+def _frontier_table(frontier) -> None:
+    spec = frontier.spec
+    state = "complete" if frontier.complete else "NOT proven complete"
+    click.echo(f"Step frontier of {spec.collective} ({state}: {frontier.stop_reason}; {len(frontier.points)} "
+               f"instances in {frontier.seconds:.2f} s; R/C lower bound {spec.rounds_per_chunk_lower:.4g})")
+    click.echo(f"  {'steps':>5} {'rounds':>6} {'chunks':>6} {'R/C':>8}  status")
+    for p in frontier.frontier:
+        click.echo(f"  {p.steps:>5} {p.rounds:>6} {p.chunks:>6} {str(p.ratio):>8}  {p.solver_status}")
+
+
+def _size_table(plan, algorithms) -> None:
+    labels = {a.key: a.label for a in algorithms}
+    click.echo("\nBest algorithm per size (replayed alpha-beta time; limit from synth.bounds)")
+    click.echo(f"  {'size':>7}  {'chosen':34} {'time_us':>12} {'algbw':>8}  {'best baseline':30} {'time_us':>12} "
+               f"{'speedup':>7} {'%limit':>6}")
+    for c in plan.choices:
+        t = c.timing(c.chosen) if c.chosen else None
+        b = c.timing(c.best_baseline) if c.best_baseline else None
+        chosen = labels.get(c.chosen, "NCCL (nothing runs)") if c.chosen else "NCCL (nothing runs)"
+        speed = f"{b.time_us / t.time_us:7.2f}" if t and b else f"{'':7}"
+        base = labels.get(c.best_baseline, "-")[:28] + ("" if b is None or b.runnable else " *")
+        pct = f"{100 * c.limit_us / t.time_us:6.1f}" if t and c.limit_us else f"{'':6}"
+        click.echo(f"  {format_size(c.size_bytes):>7}  {chosen[:34]:34} {t.time_us if t else float('nan'):12.3f} "
+                   f"{t.algbw_GBps if t else float('nan'):8.3f}  {base:30} "
+                   f"{b.time_us if b else float('nan'):12.3f} {speed} {pct}")
+    if any(c.best_baseline and not c.timing(c.best_baseline).runnable for c in plan.choices):
+        click.echo("  * MSCCL cannot run this baseline at this size (element count not a multiple of its "
+                   "nchunksperloop), so it was not eligible")
+    click.echo("\nBundle (inclusive byte ranges)")
+    for f in plan.files:
+        click.echo(f"  msccl/{f.file_name}  {f.min_bytes}..{f.max_bytes}  {labels.get(f.key, f.key)}")
+    for key, reason in plan.excluded:
+        click.echo(f"  excluded {key}: {reason}")
+
+
+@click.command("pareto")
+@click.argument("collective", type=click.Choice(COLLECTIVES + ("reduce_scatter",), case_sensitive=False),
+                metavar="COLLECTIVE")
+@click.option("--topology", "-t", required=True, help="Built-in topology name (see `synth topo list`) or JSON file.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Compose this many copies of a single-node topology through their NICs.")
+@click.option("--sketch", default=None, help="Sketch (name or JSON file) for the alpha-beta formulation.")
+@click.option("--root", type=click.IntRange(min=0), default=None, help="Root rank for rooted collectives (default 0).")
+@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+              help="Largest step count searched (default: the hop lower bound + 4).")
+@click.option("--max-chunks", type=click.IntRange(min=1), default=8, show_default=True,
+              help="Largest chunks per rank C searched; the frontier is exact within this cap.")
+@click.option("--budget", type=click.FloatRange(min=0.0), default=None,
+              help="Stop the step sweep after this many seconds (the frontier is then not proven).")
+@click.option("--no-symmetry", is_flag=True, help="Solve the full models only (slower; for cross-checking).")
+@click.option("--sizes", default="1KB:1GB", show_default=True, help=_SIZES_HELP)
+@click.option("--size-factor", type=click.Choice(["2", "4"]), default="4", show_default=True,
+              help="Sizes evaluated: LOW times powers of this factor.")
+@click.option("--baselines/--no-baselines", default=True, show_default=True,
+              help="Include NCCL-style baselines (synth.baselines) as candidates.")
+@click.option("--alpha-beta/--no-alpha-beta", default=True, show_default=True,
+              help="Include an alpha-beta schedule synthesized at each size (synth.alphabeta) as candidates.")
+@click.option("--method", default="auto", show_default=True, help="Alpha-beta formulation: auto, routed or timexp.")
+@click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
+              help="Directory for frontier.json, frontier.png/.svg, README.txt and the msccl/ bundle.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Local worker processes (default: one per CPU; 1 solves in this process).")
+@click.option("--scheduler", default=None, metavar="ADDRESS",
+              help="Run the solves on a Dask distributed cluster, e.g. tcp://host:8786 (pip install distributed).")
+@click.option("--target", type=click.Choice(["executor", "legacy"]), default="executor", show_default=True,
+              help="MSCCL runtime of the bundle: the executor in NCCL >= 2.23, or the legacy MSCCL fork.")
+@click.option("--proto", type=click.Choice(["Simple", "LL", "LL128"]), default="Simple", show_default=True,
+              help="NCCL protocol written into the XML.")
+@click.option("--json", "as_json", is_flag=True, help="Print frontier.json's content on stdout instead of tables.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
+@_solver_options
+def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, budget, no_symmetry, sizes, size_factor,
+           baselines, alpha_beta, method, output, workers, scheduler, target, proto, as_json, quiet, time_limit,
+           mip_gap, threads, seed):
+    """Explore the latency/bandwidth frontier of COLLECTIVE and bundle the best algorithm per size range.
+
+    \b
+    Examples:
+      synth pareto allgather --topology dgx1 --sizes none
+      synth pareto broadcast --topology dgx1 --max-chunks 16 --sizes none
+      synth pareto allgather --topology ndv2 --nodes 2 --sizes 1KB:1GB -o out/
+      synth pareto alltoall --topology dgx1 --scheduler tcp://10.0.0.5:8786 -o out/
+    """
+    from ..bundle import frontier_document, plan_bundle, readme_text, write_bundle, write_document
+    from ..candidates import collect_candidates
+    from ..pareto import Frontier, FrontierSearch, pareto_filter, plan_sweep
+    from ..sizeplan import parse_size_range, size_grid
+    from ..solve import SolverOptions
+    from ..topology import load_topology
+    from ..workers import open_executor
+
+    if workers is not None and scheduler:
+        raise click.UsageError("give --workers or --scheduler, not both")
+    name = normalize_name(collective)
+    grid = None
+    if sizes.strip().lower() != "none":
+        low, high = parse_size_range(sizes)
+        grid = size_grid(low, high, int(size_factor))
+    topo = load_topology(topology, nodes)
+    options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
+    spec = plan_sweep(topo, name, max_steps, max_chunks, root, options, not no_symmetry)
+    out_dir = Path(output) if output else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    progress = _Progress(not quiet)
+    progress.note(f"synth pareto: {name} on {topo.name} ({topo.num_ranks} ranks); steps {spec.min_steps}.."
+                  f"{spec.max_steps}, chunks <= {spec.max_chunks}, R/C >= {spec.rounds_per_chunk_lower:.4g}")
+    t0 = time.perf_counter()
+
+    def snapshot(points, search):
+        return Frontier(spec, tuple(points), pareto_filter(points), search.stop_reason, time.perf_counter() - t0)
+
+    with _terminate_as_interrupt(), open_executor(workers, scheduler) as (executor, slots):
+        search = FrontierSearch(topo, spec, budget)
+        points = []
+        for point in search.points(executor, slots, on_start=progress.start):
+            points.append(point)
+            progress.point(point)
+            if out_dir:
+                write_document(out_dir, frontier_document(snapshot(points, search), topo, "sweeping"))
+        frontier = snapshot(points, search)
+        progress.done()
+        cands = plan = None
+        if grid:
+            if out_dir:
+                write_document(out_dir, frontier_document(frontier, topo, "sizes"))
+            progress.note(f"frontier {' '.join(str(p.instance) for p in frontier.frontier) or 'empty'}; "
+                          f"collecting candidates for {len(grid)} sizes")
+            cands = collect_candidates(frontier.frontier, name, topo, grid, spec.root, baselines, alpha_beta,
+                                       method, sketch, options, executor,
+                                       on_done=lambda size: progress.note(f"alpha-beta at {format_size(size)} done"))
+    if grid:
+        if not cands.algorithms:
+            raise NoSolutionError("no candidate algorithm at all (no frontier point, no baseline, no alpha-beta "
+                                  "schedule); raise --max-steps or --time-limit")
+        plan = plan_bundle(cands.algorithms, topo, grid, grid[0], grid[-1], target, proto,
+                           _limit_fn(name, topo, spec.root))
+    doc = frontier_document(frontier, topo, "done", plan, cands.algorithms if cands else (),
+                            cands.missing if cands else (), cands.failures if cands else (),
+                            {"total_seconds": time.perf_counter() - t0})
+    if out_dir:
+        write_document(out_dir, doc)
+        if plan is not None:
+            written = write_bundle(out_dir, plan, readme_text(plan, cands.algorithms, name, topo, target))
+            progress.note(f"wrote {out_dir / 'frontier.json'} and {len(written) - 1} XML file(s) in "
+                          f"{out_dir / 'msccl'} (README.txt says how to run them)")
+            _plot(out_dir, plan, cands.algorithms, name, topo, progress)
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+        return
+    _frontier_table(frontier)
+    if plan is not None:
+        _size_table(plan, cands.algorithms)
+        for source in cands.missing:
+            click.echo(f"  (no candidates from {source}: not installed)")
+    if not frontier.frontier and not grid:
+        raise NoSolutionError(f"no feasible step schedule up to {spec.max_steps} steps; raise --max-steps or "
+                              "--time-limit")
+
+
+def _plot(out_dir, plan, algorithms, name, topo, progress) -> None:
+    from .. import plot
+
+    if not plot.available():
+        progress.note("no plot: matplotlib is not installed (pip install 'synth-collectives[plot]')")
+        return
+    paths = plot.plot_size_frontier(plan.choices, algorithms, out_dir / "frontier",
+                                    f"{name} on {topo.name} ({topo.num_ranks} ranks)")
+    progress.note("wrote " + ", ".join(str(p) for p in paths))
