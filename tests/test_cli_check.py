@@ -1,10 +1,9 @@
 """``synth check``: exit codes, one-line errors, report lines and --json (click's CliRunner).
 
 Most tests replace the interpreter by a stub so they test the command's plumbing alone; the last ones run the
-real :mod:`synth.interpret` on the shared files and are skipped until it exists.
+real :mod:`synth.interpret` on the shared files.
 """
 
-import importlib.util
 import json
 import sys
 import types
@@ -17,8 +16,6 @@ from synth.cli import main
 from synth.findings import Finding
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/msccl-xml not beside the clone")
-HAS_INTERPRETER = importlib.util.find_spec("synth.interpret") is not None
 
 EXECUTOR_XML = ('<algo name="pair" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" '
                 'inplace="0" outofplace="1" minBytes="0" maxBytes="1073741824">\n') + """\
@@ -91,7 +88,6 @@ def test_options_reach_the_interpreter(stub, executor_file):
     assert stub.calls == [("pair", "reducescatter", 0)]
 
 
-@needs_shared
 def test_shared_legacy_file_is_valid_for_both_with_a_warning(stub):
     path = SHARED / "simple_allgather_ring_4gpu.xml"
     result = run(path)
@@ -101,7 +97,6 @@ def test_shared_legacy_file_is_valid_for_both_with_a_warning(stub):
     assert lines[-1] == f"{path}: valid: 1 algo(s), 0 error(s), 1 warning(s)"
 
 
-@needs_shared
 def test_shared_legacy_file_is_invalid_for_the_executor(stub):
     path = SHARED / "simple_allgather_ring_4gpu.xml"
     result = run(path, "--target", "executor")
@@ -193,7 +188,6 @@ def test_json_report(stub, executor_file):
     assert algo["findings"] == [Finding("race", "maybe", "warning", gpu=1).to_dict()]
 
 
-@needs_shared
 def test_json_report_of_an_invalid_multi_algo_file(stub, tmp_path):
     path = tmp_path / "two.xml"
     path.write_text(EXECUTOR_XML + (SHARED / "dgx1_reducescatter_s2_r3_c2.xml").read_text() + "\n<copy/>\n")
@@ -210,11 +204,9 @@ def test_json_report_of_an_invalid_multi_algo_file(stub, tmp_path):
 # --- with the real interpreter ----------------------------------------------------------------------------
 
 VERDICTS = {name: name != "allreduce_a100_pcie_hierarchical_8gpu_1inst.xml"
-            for name in (p.name for p in SHARED.glob("*.xml"))} if SHARED.is_dir() else {}
+            for name in (p.name for p in SHARED.glob("*.xml"))}
 
 
-@needs_shared
-@pytest.mark.skipif(not HAS_INTERPRETER, reason="synth.interpret not written yet")
 @pytest.mark.parametrize("name", sorted(VERDICTS))
 def test_shared_files_get_the_readme_verdict(name):
     result = run(SHARED / name, "--target", "legacy")

