@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import os
-import tempfile
 from pathlib import Path
 from typing import Iterable
 
 from .costmodel import BYTES_PER_US_PER_GBPS
+from .fileio import write_atomic
 from .sizeplan import Algorithm, SizeChoice
 from .units import format_size
 
@@ -26,18 +25,6 @@ FORMATS = ("png", "svg")
 def available() -> bool:
     """True when matplotlib is installed (``pip install 'synth-collectives[plot]'``)."""
     return importlib.util.find_spec("matplotlib") is not None
-
-
-def _write_bytes_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _lines(choices: tuple[SizeChoice, ...], algorithms: list[Algorithm]) -> list[tuple[str, str, list]]:
@@ -104,6 +91,6 @@ def plot_size_frontier(choices: tuple[SizeChoice, ...], algorithms: Iterable[Alg
         buf = io.BytesIO()
         fig.savefig(buf, format=fmt, dpi=120, metadata={"Date": None} if fmt == "svg" else None)
         path = stem.with_suffix(f".{fmt}")
-        _write_bytes_atomic(path, buf.getvalue())
+        write_atomic(path, buf.getvalue())
         written.append(path)
     return written

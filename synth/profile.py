@@ -29,12 +29,12 @@ from pathlib import Path
 
 import numpy as np
 
+from .costmodel import BYTES_PER_US_PER_GBPS
 from .errors import InputError
 
 TESTS = ("sendrecv", "all_reduce")
 MAX_FILE_BYTES = 32 << 20
 MAX_ROWS = 100_000
-BYTES_PER_US_PER_GBPS = 1e3
 
 _TEST_LINE = re.compile(r"^#\s*Collective test starting:\s*([A-Za-z_]+)")
 _RANK_LINE = re.compile(r"^#\s+Rank\s+\d+\s+Group\s+\d+")

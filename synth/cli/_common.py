@@ -7,7 +7,6 @@ import sys
 import click
 
 from ..errors import SynthError
-from ..fileio import write_atomic  # noqa: F401  (re-exported for commands)
 
 EXIT_BAD_INPUT = 1
 EXIT_USAGE = 2
