@@ -8,7 +8,8 @@ import click
 
 from ..errors import InputError
 from ..units import format_size, parse_size
-from ._common import echo_err, write_atomic
+from ..fileio import write_atomic
+from ._common import echo_err
 
 _SIZE_HELP = "nccl-tests' size (e.g. 1GB = 2**30 bytes, or a byte count such as 1000000000)."
 

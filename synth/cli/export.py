@@ -29,7 +29,7 @@ def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output
     from backends.nccl_graph import export_nccl_graph, find_rings
     from ..schedule import load_schedule
     from ..topology import load_topology
-    from ._common import write_atomic
+    from ..fileio import write_atomic
 
     schedule = load_schedule(schedule_file)
     topology = load_topology(topology_name, nodes)

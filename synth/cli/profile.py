@@ -59,7 +59,7 @@ def run(nprocs, backend, sizes, iters, output, name, as_json):
     from ..profile_torch import profile_pairs
     from ..torch_launch import require_torch
     from ..units import parse_size
-    from ._common import write_atomic
+    from ..fileio import write_atomic
 
     require_torch("synth profile run")
     size_list = [parse_size(s.strip(), "--sizes") for s in sizes.split(",") if s.strip()]

@@ -61,7 +61,8 @@ def import_nccl(dumps, output, name):
     """Import NCCL topology dumps (NCCL_TOPO_DUMP_FILE), one per node, as a topology JSON file."""
     from backends.nccl_topo import import_nccl_dumps
     from ..topology import topology_from_dict
-    from ._common import echo_err, write_atomic
+    from ..fileio import write_atomic
+    from ._common import echo_err
 
     raw = import_nccl_dumps(list(dumps), name=name)
     t = topology_from_dict(raw, dumps[0])
