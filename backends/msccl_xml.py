@@ -151,8 +151,11 @@ def _plan_ops(schedule: Schedule, fuse: bool):
     return plans, layout
 
 
-def _assign_threadblocks(plans) -> list:
-    """Give every op a threadblock key (chan, recv peer, send peer); returns fused ops that found no channel."""
+def _assign_threadblocks(plans, spread: dict | None = None) -> list:
+    """Give every op a threadblock key (chan, recv peer, send peer); returns fused ops that found no channel.
+
+    ``spread`` (plain lowering only) maps transfers to the channel they travel on, to split long connections.
+    """
     # Chains of fused ops: follow each fused op's outgoing transfer to the op that receives it.
     recv_op = {}
     for plan in plans:
@@ -187,7 +190,7 @@ def _assign_threadblocks(plans) -> list:
         else:
             unplaced.extend(chain)   # no channel left: these are unfused by the caller
     # Transfers carried on a fused channel must use that channel at their other end too.
-    transfer_chan = {}
+    transfer_chan = dict(spread or {})
     for plan in plans:
         for op in plan.ops:
             ch = channel_of.get(id(op))
@@ -248,17 +251,20 @@ def _connection_orders_agree(plans) -> list:
 
 def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = None, target: str = "executor",
                    proto: str = "Simple", name: str | None = None, min_bytes: int = 0,
-                   max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True) -> MscclProgram:
+                   max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1) -> MscclProgram:
     """Lower a verified Schedule to an MSCCL program (threadblocks, channels, steps, dependencies).
 
     ``topology`` and ``size_bytes`` are accepted for a uniform backend signature; the program itself does not
-    depend on them (MSCCL selects it by size range through ``min_bytes``/``max_bytes``).
+    depend on them (MSCCL selects it by size range through ``min_bytes``/``max_bytes``). ``channels`` > 1 (plain
+    lowering) sends the k-th message of every connection on channel ``k % channels``, so each threadblock holds
+    a share of a long connection's steps (the executor runs at most 64 per threadblock).
     """
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
     plans, layout = _plan_ops(schedule, fuse)
+    spread = None if fuse or channels <= 1 else _spread_over_channels(schedule, channels)
     for _ in range(8):
-        bad = _assign_threadblocks(plans)
+        bad = _assign_threadblocks(plans, spread)
         bad = bad or _connection_orders_agree(plans)
         if not bad:
             break
@@ -267,7 +273,8 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
             extra = [_unfuse(op, plan) for op in plan.ops if id(op) in bad_ids and op.recv is not None]
             plan.ops.extend(extra)
     else:
-        return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False)
+        return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
+                              channels)
     coll = schedule.collective
     gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll) for plan in plans]
     nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
@@ -277,6 +284,23 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
         proto=proto, nchannels=nchannels, nchunksperloop=coll.loop_chunks, ngpus=coll.num_ranks,
         coll=COLL_SPELLING[target] if coll.name == "reducescatter" else coll.name, inplace=inplace,
         outofplace=1, min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
+
+
+def _spread_over_channels(schedule: Schedule, channels: int) -> dict:
+    """Channel of every transfer: its position on its connection, round robin (both ends see one order)."""
+    count = defaultdict(int)
+    chan = {}
+    for t in schedule.ordered():
+        chan[t] = count[(t.src, t.dst)] % channels
+        count[(t.src, t.dst)] += 1
+    return chan
+
+
+def channels_needed(program: MscclProgram, target: str = "executor") -> int:
+    """Channels a plain lowering needs so that no threadblock exceeds the target's steps limit."""
+    limit = MAX_STEPS_EXECUTOR if target == "executor" else MAX_STEPS_LEGACY
+    longest = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
+    return max(1, -(-longest // limit))
 
 
 def _memory_key(slot: tuple[str, int], coll, rank: int) -> tuple[str, int]:

@@ -12,7 +12,7 @@ Units: times in microseconds, sizes in bytes, bandwidths in GB/s (1e3 bytes per 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from .collectives import Collective, chunk_permutation
 from .costmodel import BYTES_PER_US_PER_GBPS
 from .errors import InfeasibleError
 from .schedule import Schedule
-from .sketch import Sketch, relay_mask, unrestricted
+from .sketch import InterNode, IntraNode, Sketch, relay_mask, unrestricted
 from .topology import Topology, free_symmetry_group
 
 
@@ -159,10 +159,6 @@ def _check_reachable(topology: Topology, collective: Collective, mask: np.ndarra
 
 def _blame(topology: Topology, collective: Collective, sketch: Sketch, chunk) -> str | None:
     """Name the sketch constraint whose removal makes ``chunk`` reachable, trying one at a time."""
-    from dataclasses import replace
-
-    from .sketch import IntraNode, InterNode
-
     trials = [
         ("internode.relays", replace(sketch, internode=replace(sketch.internode, relays=None))),
         ("internode.connections", replace(sketch, internode=replace(sketch.internode, connections=None))),

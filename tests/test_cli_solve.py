@@ -96,3 +96,30 @@ def test_every_command_has_help():
     for name in main.list_commands(None):
         sub = run(name, "--help")
         assert sub.exit_code == 0 and len(sub.output) > 80, name
+
+
+def test_sketch_guided_routed_solve_on_two_nodes(tmp_path):
+    out = tmp_path / "ag.xml"
+    r = run("solve", "allgather", "--topology", "ndv2-2node-tecc", "--size", "64MB", "--method", "routed",
+            "--sketch", "ndv2-tecc-relay", "-o", str(out), "--json", "--time-limit", "20")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["method"].startswith("alpha-beta") and report["percent_of_limit"] > 90
+    assert out.read_text().startswith("<algo ")
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--method", "routed", "--steps", "2", "--rounds", "3"], "--steps: --steps/--rounds belong to the step"),
+    (["--method", "steps", "--sketch", "ndv2-tecc-relay"], "--sketch: sketches guide the alpha-beta"),
+])
+def test_contradictory_method_options_are_rejected(args, message):
+    r = run("solve", "allgather", "--topology", "dgx1", *args)
+    assert r.exit_code == 1 and f"Error: {message}" in r.output
+
+
+def test_auto_picks_the_fastest_verified_candidate():
+    r = run("solve", "allgather", "--topology", "dgx1", "--json")
+    report = json.loads(r.stdout)
+    assert r.exit_code == 0
+    assert "fastest of" in r.stderr
+    assert report["predicted_time_us"] <= report["baseline_us"] * 1.2

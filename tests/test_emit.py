@@ -30,12 +30,12 @@ def test_dgx1_xml_executes_reparses_and_lints_clean(dgx1, coll, S, R, C, target)
 @pytest.mark.parametrize("coll,steps", [("allgather", None), ("reducescatter", None), ("allreduce", None),
                                         ("alltoall", None)])
 def test_plain_and_fused_lowerings_both_execute(name, coll, steps):
-    from synth.cli.solve import find_schedule
+    from synth.choose import step_candidates
     from synth.solve import SolverOptions
     topo = load_topology(name)
-    result, _ = find_schedule(topo, coll, 1 << 20, None, None, 1, None, SolverOptions(), lambda m: None)
+    [choice] = step_candidates(topo, coll, 1 << 20, None, None, 1, None, SolverOptions(), lambda m: None)
     for fuse in (True, False):
-        res = execute_program(lower_to_msccl(result.schedule, fuse=fuse))
+        res = execute_program(lower_to_msccl(choice.result.schedule, fuse=fuse))
         assert res.ok, [str(f) for f in res.findings]
 
 

@@ -1,0 +1,164 @@
+"""Alpha-beta synthesis: every formulation verifies, pipelining keeps correctness, sketches are respected."""
+
+import pytest
+
+from synth.alphabeta import synthesize_alpha_beta
+from synth.collectives import make_collective
+from synth.encode.routed import decode_routed, encode_routed
+from synth.errors import InfeasibleError, InputError
+from synth.execute import replay_data, verify
+from synth.order import list_schedule
+from synth.pipeline import pipeline
+from synth.routes import make_problem, route_loads, shortest_path_routes
+from synth.sketch import load_sketch, sketch_from_dict
+from synth.solve import SolverOptions, solve_model
+from synth.synthesize import synthesize_steps
+from synth.topology import load_topology
+
+QUICK = SolverOptions(time_limit_s=5.0, mip_gap=1e-3)
+MB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def tecc():
+    return load_topology("ndv2-2node-tecc")
+
+
+@pytest.mark.parametrize("topo_name", ["ring-4", "ring-8"])
+@pytest.mark.parametrize("method", ["routed", "timexp"])
+def test_each_formulation_verifies_on_rings(topo_name, method):
+    topo = load_topology(topo_name)
+    result = synthesize_alpha_beta(topo, "allgather", 8 * MB, method=method, options=QUICK)
+    report = verify(result.schedule, topo, 8 * MB)
+    assert result.status in ("optimal", "feasible")
+    assert result.steps == result.schedule.steps and result.rounds is None
+    assert report.time_us == pytest.approx(result.schedule.notes["time_us"])
+    # a bidirectional ring moves (n-1)/n of the buffer over 2 links per rank: the cut bound
+    n = topo.num_ranks
+    bound_us = (n - 1) / n * 8 * MB / 2 / (25 * 1e3)
+    assert report.time_us >= bound_us
+
+
+@pytest.mark.parametrize("method", ["routed", "timexp"])
+def test_each_formulation_verifies_on_ndv2_two_nodes(tecc, method):
+    result = synthesize_alpha_beta(tecc, "allgather", 16 * MB, method=method, sketch="ndv2-tecc-relay",
+                                   options=QUICK)
+    report = verify(result.schedule, tecc, 16 * MB)
+    # 8 shards of 1 MB cross one 12.5 GB/s link: 671 us is the limit, pipelining gets within a few percent
+    assert report.time_us < 1.05 * (8 * MB / 12.5e3)
+    assert result.symmetry_order == 2
+
+
+def test_timexp_flow_lp_solves_alltoall():
+    topo = load_topology("ring-4")
+    result = synthesize_alpha_beta(topo, "alltoall", 4 * MB, method="timexp", options=QUICK)
+    assert replay_data(result.schedule) == []
+    assert result.schedule.notes["model"] == "timexp-flow-lp"
+
+
+def test_routed_milp_balances_what_shortest_paths_overload():
+    topo = load_topology("dgx2-2node-tecc")
+    coll = make_collective("allgather", topo.num_ranks, 1)
+    problem = make_problem(topo, coll, 1e9, load_sketch("dgx2-tecc-relay", topo))
+    start = shortest_path_routes(problem)
+    enc = encode_routed(problem, start, pieces=8)
+    res = solve_model(enc.model, SolverOptions(time_limit_s=30), initial=enc.start)
+    routes = decode_routed(enc, res)
+    # the NVSwitch ingress of an odd GPU must take 31 shards of 31.25 MB at 125 GB/s: 7750 us
+    assert route_loads(problem, start)[0] > 11000
+    assert route_loads(problem, routes)[0] == pytest.approx(7750.0)
+
+
+@pytest.mark.parametrize("coll", ["reducescatter", "allreduce", "reduce", "broadcast", "gather", "scatter",
+                                  "alltoall"])
+def test_every_collective_verifies(tecc, coll):
+    result = synthesize_alpha_beta(tecc, coll, 4 * MB, options=QUICK, root=3)
+    report = verify(result.schedule, tecc, 4 * MB)
+    assert report.time_us > 0
+    if coll in ("reducescatter", "allreduce", "reduce"):
+        assert any(t.op == "reduce" for t in result.schedule.transfers)
+
+
+def test_pipelining_preserves_correctness_and_helps_when_bandwidth_bound():
+    topo = load_topology("ring-4")
+    base = synthesize_steps(topo, "broadcast", steps=2, rounds=2).schedule  # the far rank is 2 hops away
+    before = verify(base, topo, 1 << 30).time_us
+    for k in (2, 4, 8):
+        piped = pipeline(base, k)
+        assert piped.collective.chunks_per_rank == k and replay_data(piped) == []
+        after = verify(piped, topo, 1 << 30).time_us
+        assert after <= before + 1e-6
+    # two store-and-forward hops of the whole buffer become one buffer time plus one piece
+    assert verify(pipeline(base, 8), topo, 1 << 30).time_us < 0.6 * before
+
+
+def test_pipelining_a_reduction_keeps_every_partial_sum():
+    topo = load_topology("dgx1")
+    rs = synthesize_steps(topo, "reducescatter", 2, 3, 2).schedule
+    piped = pipeline(rs, 3)
+    assert replay_data(piped) == []
+    assert verify(piped, topo, 1 << 30).time_us <= verify(rs, topo, 1 << 30).time_us + 1e-6
+
+
+def test_list_schedule_time_is_what_the_replay_measures(tecc):
+    coll = make_collective("allgather", 16, 2)
+    problem = make_problem(tecc, coll, 64 * MB, load_sketch("ndv2-tecc-relay", tecc))
+    routes = shortest_path_routes(problem)
+    sched = list_schedule(tecc, coll, routes.links, 64 * MB, "test")
+    last = max(t.end_us for t in sched.transfers)
+    assert verify(sched, tecc, 64 * MB).time_us == pytest.approx(last)
+
+
+def test_routed_respects_the_sketchs_allowed_links():
+    topo = load_topology("dgx1")
+    ring = [0, 1, 3, 2, 6, 7, 5, 4]
+    sketch = sketch_from_dict({"intranode": {"strategy": "ring", "ring": ring, "bidirectional": True}}, topo)
+    result = synthesize_alpha_beta(topo, "allgather", 8 * MB, method="routed", sketch=sketch, options=QUICK)
+    pairs = set(zip(ring, ring[1:] + ring[:1]))
+    pairs |= {(b, a) for a, b in pairs}
+    assert {(t.src, t.dst) for t in result.schedule.transfers} <= pairs
+    verify(result.schedule, topo, 8 * MB)
+
+
+def test_relays_decide_who_carries_chunks_across_nodes():
+    topo = load_topology("ndv2", 2)
+    sketch = load_sketch("ndv2-nic-relay", topo)
+    result = synthesize_alpha_beta(topo, "allgather", 16 * MB, sketch=sketch, options=QUICK)
+    crossing = {(t.src % 8, t.dst % 8) for t in result.schedule.transfers if t.src // 8 != t.dst // 8}
+    assert crossing == {(1, 0)}
+
+
+def test_infeasible_sketch_names_the_constraint_to_relax(tecc):
+    sketch = sketch_from_dict({"internode": {"connections": {"1": [0]}, "relays": {"1": [1]}}}, tecc, "mine.json")
+    with pytest.raises(InfeasibleError) as info:
+        synthesize_alpha_beta(tecc, "allgather", MB, sketch=sketch, options=QUICK)
+    assert "internode.relays" in str(info.value) and "mine.json" in str(info.value)
+
+
+def test_unknown_method_is_an_input_error(tecc):
+    with pytest.raises(InputError, match="routed"):
+        synthesize_alpha_beta(tecc, "allgather", MB, method="magic")
+
+
+def test_small_messages_use_latency_optimal_trees(tecc):
+    result = synthesize_alpha_beta(tecc, "allgather", 1000, sketch="ndv2-tecc-relay", options=QUICK)
+    # the alpha-weighted diameter is 4.1 us (0.7 + 0.7 + 1.3 + 0.7 + 0.7)
+    assert verify(result.schedule, tecc, 1000).time_us < 4.3
+
+
+def test_time_expanded_rolling_horizon_returns_a_verified_schedule():
+    from synth.encode import timexp as te
+    from synth.order import book_in_order
+
+    topo = load_topology("ring-4")
+    coll = make_collective("allgather", 4, 1)
+    problem = make_problem(topo, coll, 8 * MB, None)
+    start = shortest_path_routes(problem)
+    epoch = te.choose_epoch(problem, start, 48)
+    start_epochs, horizon = te.epoch_start(problem, te.make_grid(problem, epoch, 10 ** 9), start)
+    enc = te.encode_timexp(problem, te.make_grid(problem, epoch, horizon + 2), start_epochs)
+    res = te.solve_rolling(enc, QUICK, window=2)
+    assert res.status == "feasible" and res.x is not None
+    routes, position = te.decode_copies(enc, res)
+    sched = book_in_order(topo, coll, routes.links, 8 * MB, "timexp", position)
+    assert verify(sched, topo, 8 * MB).time_us <= (horizon + 2) * epoch + 1e-6
