@@ -7,7 +7,7 @@ by synth.bounds with 1 GB = 1e9 bytes (with 2**30 bytes they would be 7.4% large
 
     python benchmarks/bench_alphabeta.py                 # every row, auto and timexp
     python benchmarks/bench_alphabeta.py --methods auto  # only the default method
-    python benchmarks/bench_alphabeta.py --only ndv2x2-ag-1GB
+    python benchmarks/bench_alphabeta.py --only ndv2x2-ag-1GB   # writes results/alphabeta-ndv2x2-ag-1GB.json
 """
 
 from __future__ import annotations
@@ -95,10 +95,12 @@ def run(instance, method: str) -> dict:
         "pct_limit": round(100 * bound.limit_us / report.time_us, 2),
         "baseline": base_name, "baseline_us": round(base_us, 3) if base_us else None,
         "speedup": round(base_us / report.time_us, 2) if base_us else None,
-        "status": result.status, "gap": None if result.gap is None else round(result.gap, 5),
+        "status": result.status, "model_status": _model_status(notes),
+        "gap": None if result.gap is None else round(result.gap, 5),
         "pieces": _pieces(notes), "steps": result.steps, "symmetry": result.symmetry_order,
         "winner": _winner(notes), "target_us": target_us, "target_s": target_s,
-        "published_limit_us": published,
+        "published_limit_us": published, "size_convention": "1 GB = 1e9 bytes, 1 KB = 1e3 bytes",
+        "limit_matches_published": None if published is None else abs(bound.limit_us - published) <= 1e-3 * published,
         "met": "-" if target_us is None else ("yes" if met_time and met_synth else "no"),
     })
     return row
@@ -113,6 +115,13 @@ def _winner(notes: dict) -> str:
 
 def _pieces(notes: dict):
     return notes.get("pieces")
+
+
+def _model_status(notes: dict) -> str:
+    """HiGHS's status on the chunk-level model (``status`` is ``optimal`` only if the winner came from it)."""
+    if "solver_status" in notes:
+        return notes["solver_status"]
+    return "/".join(notes[k].get("solver_status", "?") for k in ("reducescatter", "allgather") if k in notes)
 
 
 def main():
@@ -136,8 +145,9 @@ def main():
                   f"{row.get('synth_s')} s, {row.get('status')}", file=sys.stderr, flush=True)
             rows.append(row)
     print_table(rows, ["instance", "method", "synth_s", "time_us", "limit_us", "pct_limit", "baseline_us",
-                       "speedup", "status", "gap", "pieces", "winner", "target_us", "target_s", "met"])
-    path = write_json("alphabeta", [{"size_convention": conv}] + rows if not args.only else rows)
+                       "speedup", "status", "model_status", "gap", "pieces", "winner", "target_us", "target_s",
+                       "met"])
+    path = write_json("alphabeta" if not args.only else f"alphabeta-{args.only}", rows)
     print(f"\nwrote {path}")
 
 

@@ -8,10 +8,10 @@ class (a time-expanded MILP over fine pieces finds nothing in minutes; rounding 
 2. **improve** with a MILP at chunk granularity, warm-started from the best start:
    ``routed`` (:mod:`synth.encode.routed`, load <= makespan on every link and switch port) or ``timexp``
    (:mod:`synth.encode.timexp`, epochs; the flow LP for unicast collectives such as Alltoall);
-3. **order and pipeline**: every candidate's routes are cut into ``k`` pieces (``k`` in 1, 2, 4, 8 unless a
-   sketch or the caller fixes it; at most 64 pieces per link, MSCCL's executor limit of steps per threadblock)
-   and ordered by the list scheduler (:mod:`synth.order`); a timexp solution is also booked in its own epoch
-   order and pipelined (:mod:`synth.pipeline`);
+3. **order and pipeline**: every candidate's routes are cut into ``k`` pieces (``k`` a power of two up to 32
+   unless a sketch or the caller fixes it, with at most 64 transfers on any link, since MSCCL's executor runs at
+   most 64 steps per threadblock) and ordered by the list scheduler (:mod:`synth.order`); a timexp solution is
+   also booked in its own epoch order and pipelined (:mod:`synth.pipeline`);
 4. **verify**: every candidate is replayed (:func:`synth.execute.verify`); the fastest wins (the best baseline
    itself competes when it respects the sketch, so the result is never slower than it).
 
@@ -48,11 +48,13 @@ from .synthesize import SynthesisResult
 from .topology import Topology, check_connected, reverse_topology
 
 METHODS = ("auto", "routed", "timexp")
-AUTO_RULE = ("auto = routed for every collective: on the benchmark instances of issue 4 the routed MILP with "
-             "pipelining reached the targets in seconds, while timexp (binary epochs) matched it at best after "
-             "minutes; timexp stays available as the quality anchor")
+AUTO_RULE = ("auto = routed, for every collective and size. Evidence (benchmarks/bench_alphabeta.py, 2 cores): on "
+             "all seven instances of issue 4 routed and timexp reach the same replayed time (98.8-100% of the "
+             "limit), routed in 0.2-4 s, timexp in 2.5-115 s; the binary epoch model never improved its start "
+             "within its time limit and the Alltoall flow LP only matched the routed result. timexp stays available "
+             "as the quality anchor.")
 MAX_PIECES_PER_LINK = 64        # MSCCL executor: steps per threadblock
-DEFAULT_MAX_PIECES = 8
+DEFAULT_MAX_PIECES = 32
 MAX_TRANSFERS = 40_000          # list-scheduling budget per candidate
 TIMEXP_MAX_EPOCHS = 48
 TIMEXP_FLOW_EPOCHS = 40
@@ -107,7 +109,8 @@ def synthesize_alpha_beta(topology: Topology, collective_name: str, size_bytes: 
     options : SolverOptions
         HiGHS time limit (per MILP), gap, threads, seed. A sketch's hints fill in options left at their default.
     pieces : int, optional
-        Pieces per chunk for pipelining (default: the sketch's hint, else the best of 1, 2, 4, 8 by replay).
+        Pieces per chunk for pipelining (default: the sketch's hint, else the best power of two up to 32 by
+        replay, keeping at most 64 transfers on every link).
 
     Returns
     -------
@@ -222,13 +225,15 @@ def _allreduce(topology, size_bytes, method, sketch, chunks, options, pieces) ->
 
 def _search_chunks(topology, name, root, chunks, size_bytes, method, sketch, options, pieces) -> _Solved:
     """Solve with ``chunks`` per rank, or, when not given, with 1 and then more chunks per rank (2, 4) while the
-    best routes' busiest resource stays more than 1% above the cut bound and bandwidth dominates the time:
-    one tree per chunk cannot split a rank's data over several trees (tree packing), more chunks can."""
+    best routes' busiest resource stays more than 1% above the cut bound, bandwidth dominates the time and the
+    time limit has not passed: one tree per chunk cannot split a rank's data over several trees (tree
+    packing), more chunks can."""
     if chunks is not None:
         return _direct(topology, make_collective(name, topology.num_ranks, chunks, root), size_bytes, method,
                        sketch, options, pieces)
     best = None
     c = 1
+    deadline = time.perf_counter() + options.time_limit_s
     while True:
         solved = _direct(topology, make_collective(name, topology.num_ranks, c, root), size_bytes, method,
                          sketch, options, pieces)
@@ -236,7 +241,8 @@ def _search_chunks(topology, name, root, chunks, size_bytes, method, sketch, opt
             best = solved
         floor, load = solved.notes["bandwidth_floor_us"], solved.notes["best_load_us"]
         bandwidth_bound = load >= 0.5 * solved.notes["time_us"]
-        if c >= MAX_AUTO_CHUNKS or floor <= 0 or load <= floor * (1 + CHUNK_ESCALATION_GAP) or not bandwidth_bound:
+        if c >= MAX_AUTO_CHUNKS or floor <= 0 or load <= floor * (1 + CHUNK_ESCALATION_GAP) or not bandwidth_bound \
+                or time.perf_counter() > deadline:
             return best
         c *= 2
 
@@ -335,8 +341,8 @@ def _path_us(problem: AlphaBetaProblem, routes: Routes, pieces: int) -> float:
 
 
 def _piece_options(problem: AlphaBetaProblem, route_sets, pieces: int | None) -> list[int]:
-    """Pieces to try: the given count, else powers of two up to 8 that keep every link at most 64 transfers
-    and the schedule within the list-scheduling budget."""
+    """Pieces to try: the given count, else powers of two up to ``DEFAULT_MAX_PIECES`` that keep every link at
+    most ``MAX_PIECES_PER_LINK`` transfers and the schedule within the list-scheduling budget."""
     if pieces is not None:
         return [pieces]
     nlinks = len(problem.topology.links)

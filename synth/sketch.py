@@ -466,8 +466,25 @@ def _parse_symmetry(raw, topology: Topology, source: str, sketch: Sketch) -> tup
             if mask[i] != mask[j]:
                 raise InputError(source, where, f"maps allowed link {link.src}->{link.dst} onto a link the sketch "
                                  "forbids (or the reverse); make the sketch symmetric or remove this symmetry")
+        _check_relay_symmetry(sketch, topology, perm, source, where)
         perms.append(perm)
     return tuple(perms)
+
+
+def _check_relay_symmetry(sketch: Sketch, topology: Topology, perm, source: str, where: str) -> None:
+    """A symmetry must map every sender's relayed GPUs onto its image sender's relayed GPUs."""
+    if sketch.internode.relays is None or topology.num_nodes == 1:
+        return
+    gpn = topology.gpus_per_node
+    carries = {s: set(gs) for s, gs in sketch.internode.relays}
+    for base in range(0, topology.num_ranks, gpn):
+        for s in range(gpn):
+            image_sender = perm[base + s] % gpn
+            image = {perm[base + g] % gpn for g in carries.get(s, ())}
+            if image != carries.get(image_sender, set()):
+                raise InputError(source, where, f"maps the relays of GPU {s} onto GPU {image_sender}, which relays "
+                                 f"{sorted(carries.get(image_sender, set()))}; make internode.relays symmetric or "
+                                 "remove this symmetry")
 
 
 def reverse_sketch(sketch: Sketch) -> Sketch:

@@ -162,3 +162,22 @@ def test_time_expanded_rolling_horizon_returns_a_verified_schedule():
     routes, position = te.decode_copies(enc, res)
     sched = book_in_order(topo, coll, routes.links, 8 * MB, "timexp", position)
     assert verify(sched, topo, 8 * MB).time_us <= (horizon + 2) * epoch + 1e-6
+
+
+def test_disconnecting_intranode_links_are_blamed():
+    topo = load_topology("dgx1")
+    sketch = sketch_from_dict({"intranode": {"strategy": "links", "links": [[0, 1], [1, 0]]}}, topo, "two.json")
+    with pytest.raises(InfeasibleError, match="relax intranode"):
+        synthesize_alpha_beta(topo, "allgather", MB, sketch=sketch, options=QUICK)
+
+
+def test_uc_min_uses_fewer_switch_connections_than_uc_max():
+    topo = load_topology("dgx-a100")
+    coll = make_collective("allgather", 8, 1)
+    used = {}
+    for strategy in ("uc-max", "uc-min"):
+        problem = make_problem(topo, coll, 1 << 26, sketch_from_dict({"switch": {"strategy": strategy}}, topo))
+        enc = encode_routed(problem, shortest_path_routes(problem), pieces=4)
+        routes = decode_routed(enc, solve_model(enc.model, QUICK, initial=enc.start))
+        used[strategy] = len({li for r in routes.links for li in r})
+    assert used["uc-min"] < used["uc-max"] == 56

@@ -141,6 +141,15 @@ def test_symmetry_must_preserve_the_sketch():
     _bad(raw, load_topology("dgx1"), "symmetry[0]", ["forbids"])
 
 
+def test_symmetry_must_preserve_the_relays():
+    topo = load_topology("dgx2-2node-tecc")
+    relays = {str(2 * k + 1): [2 * k, 2 * k + 1] for k in range(8)}
+    relays["1"] = [1]
+    raw = {"internode": {"connections": {str(2 * k + 1): [2 * k] for k in range(8)}, "relays": relays},
+           "symmetry": [{"offset": 2, "group": "node"}]}
+    _bad(raw, topo, "symmetry[0]", ["relays of GPU", "symmetric"])
+
+
 def test_ring_strategy_allows_only_ring_links():
     topo = load_topology("dgx1")
     sketch = sketch_from_dict({"intranode": {"strategy": "ring", "ring": [0, 1, 3, 2, 6, 7, 5, 4]}}, topo)

@@ -15,8 +15,9 @@ path makespan ``T``:
   ``T >= t[c, v]`` at destinations;
 - link and switch-port load ``<= Z``: one row per resource orbit, counting the chunk's images under the
   symmetry group (the load of a resource is the same for every resource in its orbit);
-- with the sketch's ``uc-min`` switch strategy, a binary ``y`` per orbit of switch links marks the connection
-  as used and costs a little.
+- with the sketch's ``uc-min`` switch strategy, a binary ``y`` per orbit of switch links marks the connections
+  as used; each distinct connection costs ``UC_MIN_WEIGHT`` chunk times, so at large sizes (where the extra
+  hops of a ring-like tree cost little) few peers per GPU are used, as TACCL's uc-min intends.
 
 The objective ``Z + T`` (+ a tiny traffic tie-break) estimates the pipelined makespan: the busiest resource plus
 the time to fill the pipeline. Starting routes (a constructive heuristic or a baseline) are passed to HiGHS as
@@ -37,7 +38,7 @@ from ..solve import Model, RowBuilder, SolveResult
 
 HOP_SLACK = 1          # links more than this many hops beyond the shortest route are not offered
 TRAFFIC_WEIGHT = 1e-4  # objective weight of total traffic (a tie-break)
-UC_MIN_WEIGHT = 1e-2   # objective weight (in chunk times) of one distinct switch connection under uc-min
+UC_MIN_WEIGHT = 0.25   # objective cost (in chunk times) of one distinct switch connection under uc-min
 
 
 @dataclass(frozen=True)
@@ -266,8 +267,11 @@ def encode_routed(problem: AlphaBetaProblem, start: Routes, pieces: int = 1, z_l
     cost[:nx_] = TRAFFIC_WEIGHT * beta[x_link] * len(problem.group)
     cost[z_col] = 1.0
     cost[t_col] = 1.0
-    for col in y_index.values():
-        cost[col] = UC_MIN_WEIGHT * float(beta.min())
+    orbit_size = defaultdict(int)
+    for rep in link_orbit.values():
+        orbit_size[rep] += 1
+    for li, col in y_index.items():
+        cost[col] = UC_MIN_WEIGHT * float(beta.min()) * orbit_size[li]
     col_lower = np.zeros(ncols)
     col_upper = np.ones(ncols)
     for (c, v), col in t_index.items():
