@@ -276,7 +276,7 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
                               channels)
     coll = schedule.collective
-    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll) for plan in plans]
+    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, topology) for plan in plans]
     nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     inplace = 0 if coll.name == "alltoall" else 1
     return MscclProgram(
@@ -284,6 +284,25 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
         proto=proto, nchannels=nchannels, nchunksperloop=coll.loop_chunks, ngpus=coll.num_ranks,
         coll=COLL_SPELLING[target] if coll.name == "reducescatter" else coll.name, inplace=inplace,
         outofplace=1, min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
+
+
+def _order_shared_ports(ops: list[_Op], topology) -> None:
+    """Sends leaving through one switch egress port (an NVSwitch port, a NIC) follow the schedule's order.
+
+    Sends to different peers live in different threadblocks, so nothing else in the XML says which goes first
+    on the shared port; without this the runtime (and the simulator) serve them in whatever order they become
+    ready, which can be far from the planned one.
+    """
+    previous = {}
+    for op in sorted((o for o in ops if o.send is not None), key=lambda o: o.position):
+        link = topology.link(op.send.src, op.send.dst)
+        if link is None or link.switch is None:
+            continue
+        port = (link.switch, link.egress_port)
+        before = previous.get(port)
+        if before is not None and before.tb_key != op.tb_key and before not in op.deps:
+            op.deps = tuple(d for d in op.deps if d.tb_key != before.tb_key) + (before,)
+        previous[port] = op
 
 
 def _spread_over_channels(schedule: Schedule, channels: int) -> dict:
@@ -335,7 +354,7 @@ def _add_dependencies(ops: list[_Op], key) -> None:
             readers_since[src].append(op)
 
 
-def _emit_gpu(plan: _RankPlan, scratch: int, coll) -> Gpu:
+def _emit_gpu(plan: _RankPlan, scratch: int, coll, topology=None) -> Gpu:
     by_tb = defaultdict(list)
     for op in plan.ops:
         by_tb[op.tb_key].append(op)
@@ -349,6 +368,8 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll) -> Gpu:
         for i, op in enumerate(by_tb[k]):
             where[id(op)] = (k, i)
     _add_dependencies(plan.ops, lambda slot: _memory_key(slot, coll, plan.rank))
+    if topology is not None:
+        _order_shared_ports(plan.ops, topology)
     published = {id(d) for op in plan.ops for d in op.deps}
     tbs = []
     for k in keys:

@@ -38,7 +38,8 @@ def emit_verified_xml(schedule: Schedule, target: str = "executor", topology=Non
     failures, passing = [], []
     variants = [(True, 1), (False, 1)]
     for fuse, channels in variants:
-        program = lower_to_msccl(schedule, target=target, fuse=fuse, channels=channels, **lower_options)
+        program = lower_to_msccl(schedule, topology=topology, target=target, fuse=fuse, channels=channels,
+                                 **lower_options)
         limits = check_limits(program, target)
         if limits and not fuse and channels == 1 and channels_needed(program, target) > 1:
             variants.append((False, channels_needed(program, target) + 1))  # +1: round robin is not exact
