@@ -21,7 +21,7 @@ from .costmodel import BYTES_PER_US_PER_GBPS
 from .errors import InfeasibleError
 from .schedule import Schedule
 from .sketch import InterNode, IntraNode, Sketch, relay_mask, unrestricted
-from .topology import Topology, free_symmetry_group
+from .topology import Topology, free_symmetry_group, group_closure
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,9 @@ def make_problem(topology: Topology, collective: Collective, size_bytes: float, 
     identity = tuple(range(n))
     group, maps = [identity], [tuple(range(len(collective.chunks)))]
     if use_symmetry:
-        candidates = _closure(list(sketch.symmetry)) if sketch.symmetry else free_symmetry_group(topology)
+        # a declared group too large to enumerate (None) just means: no symmetry reduction
+        candidates = (group_closure(list(sketch.symmetry)) or []) if sketch.symmetry else \
+            free_symmetry_group(topology)
         for perm in candidates:
             if perm == identity:
                 continue
@@ -103,24 +105,6 @@ def make_problem(topology: Topology, collective: Collective, size_bytes: float, 
         reps.append(c.id)
         seen.update(m[c.id] for m in maps)
     return AlphaBetaProblem(topology, collective, size_bytes, sketch, mask, tuple(group), tuple(maps), tuple(reps))
-
-
-def _closure(gens):
-    n = len(gens[0])
-    group = {tuple(range(n))}
-    frontier = list(group)
-    while frontier:
-        new = []
-        for g in frontier:
-            for h in gens:
-                gh = tuple(h[g[i]] for i in range(n))
-                if gh not in group:
-                    group.add(gh)
-                    new.append(gh)
-        frontier = new
-        if len(group) > 4096:
-            break
-    return sorted(group)
 
 
 def _is_group(perms) -> bool:
