@@ -1,4 +1,7 @@
-"""Output files are written atomically: a failed run never leaves a half-written file."""
+"""File plumbing shared by the loaders and writers.
+
+Output files are written atomically: a failed run never leaves a half-written file.
+"""
 
 from __future__ import annotations
 
@@ -19,3 +22,19 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def document_name(raw, source: str, expected_format: str, kind: str) -> str:
+    """Check the header every synth JSON document shares (an object, its ``format``); return its ``name``
+    (the file's stem when absent). Raises InputError naming ``source`` and the field."""
+    from .errors import InputError
+
+    if not isinstance(raw, dict):
+        raise InputError(source, "", f"a {kind} file must hold a JSON object")
+    fmt = raw.get("format", expected_format)
+    if fmt != expected_format:
+        raise InputError(source, "format", f"unknown format {fmt!r}; expected {expected_format!r}")
+    name = raw.get("name", Path(source).stem)
+    if not isinstance(name, str) or not name:
+        raise InputError(source, "name", "must be a non-empty string")
+    return name

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import InputError
+from .fileio import document_name
 from .topology import Topology, is_automorphism
 
 FORMAT = "synth-sketch/1"
@@ -271,19 +272,12 @@ def _local_pairs_with_link(topology: Topology, internode: bool) -> set[tuple[int
 
 def sketch_from_dict(raw: dict, topology: Topology, source: str = "<memory>") -> Sketch:
     """Validate a sketch in our JSON format against ``topology`` and build it."""
-    if not isinstance(raw, dict):
-        raise InputError(source, "", "a sketch file must hold a JSON object")
+    name = document_name(raw, source, FORMAT, "sketch")
     known = {"format", "name", "description", "gpus_per_node", "nodes", "intranode", "switch", "internode",
              "symmetry", "chunks_per_rank", "hints"}
     extra = sorted(set(raw) - known)
     if extra:
         raise InputError(source, extra[0], f"unknown field; sketch fields are {', '.join(sorted(known))}")
-    fmt = raw.get("format", FORMAT)
-    if fmt != FORMAT:
-        raise InputError(source, "format", f"unknown format {fmt!r}; expected {FORMAT!r}")
-    name = raw.get("name", Path(source).stem)
-    if not isinstance(name, str) or not name:
-        raise InputError(source, "name", "must be a non-empty string")
     gpn = topology.gpus_per_node
     if "gpus_per_node" in raw and _int(raw["gpus_per_node"], source, "gpus_per_node", 1) != gpn:
         raise InputError(source, "gpus_per_node", f"is {raw['gpus_per_node']} but topology {topology.name} has {gpn} "

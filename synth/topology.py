@@ -22,6 +22,7 @@ from pathlib import Path
 import networkx as nx
 
 from .errors import InputError
+from .fileio import document_name
 
 MAX_RANKS = 4096
 FORMAT = "synth-topology/1"
@@ -201,14 +202,7 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
 
     Every problem raises :class:`InputError` naming ``source``, the field and the fix.
     """
-    if not isinstance(raw, dict):
-        raise InputError(source, "", "a topology file must hold a JSON object")
-    fmt = raw.get("format", FORMAT)
-    if fmt != FORMAT:
-        raise InputError(source, "format", f"unknown format {fmt!r}; expected {FORMAT!r}")
-    name = raw.get("name", Path(source).stem)
-    if not isinstance(name, str) or not name:
-        raise InputError(source, "name", "must be a non-empty string")
+    name = document_name(raw, source, FORMAT, "topology")
     gpn = _num(raw, "gpus_per_node", source, "topology", default=raw.get("ranks"), integer=True)
     n = _num(raw, "ranks", source, "topology", default=gpn, integer=True)
     if n > MAX_RANKS:

@@ -20,27 +20,16 @@ import click
 from ..collectives import COLLECTIVES, normalize_name
 from ..errors import NoSolutionError
 from ..units import format_size
-from ._common import is_tty
+from ._common import is_tty, solver_options_for
 
 _SIZES_HELP = ("Size range LOW:HIGH (nccl-tests' sizes, e.g. 1KB:1GB) for the per-size choice and the bundle; "
                "'none' stops after the step frontier.")
 
 
-def _solver_options(func):
-    """--time-limit (per instance; shorter default than ``synth solve``: a sweep solves many), gap, threads, seed."""
-    options = [
-        click.option("--time-limit", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
-                     help="Solver limit per instance in seconds; an instance that hits it is 'unknown' and "
-                          "the frontier is then not proven."),
-        click.option("--mip-gap", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
-                     help="Relative MIP gap at which the solver may stop."),
-        click.option("--threads", type=click.IntRange(min=1), default=None,
-                     help="Solver threads per instance (default: HiGHS' choice)."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Solver random seed."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+# A sweep solves many instances: a shorter per-instance limit than `synth solve`.
+_solver_options = solver_options_for(
+    10.0, "Solver limit per instance in seconds; an instance that hits it is 'unknown' and the frontier is then "
+          "not proven.", "Solver threads per instance (default: HiGHS' choice).")
 
 
 class _Progress:
