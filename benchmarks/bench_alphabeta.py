@@ -2,7 +2,7 @@
 and the best NCCL-style baseline. Writes results/alphabeta.json.
 
 Size convention: the published limits (DESIGN section 9: 40.0 ms, 60 ms, 7.75 ms, 80 ms, 320 ms) are reproduced
-by synth.bounds with 1 GB = 1e9 bytes (with 2**30 bytes they would be 7.4% larger), so "1 GB" is 1e9 bytes and
+by synth.bounds.physical with 1 GB = 1e9 bytes (with 2**30 bytes they would be 7.4% larger), so "1 GB" is 1e9 bytes and
 "1 KB" 1e3 bytes here; the script prints the check.
 
     python benchmarks/bench_alphabeta.py                 # every row, auto and timexp
@@ -21,13 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import print_table, write_json  # noqa: E402
 
-from synth.alphabeta import synthesize_alpha_beta  # noqa: E402
-from synth.baselines import best_baseline  # noqa: E402
-from synth.bounds import lower_bound  # noqa: E402
+from synth.synthesis.alphabeta import synthesize_alpha_beta  # noqa: E402
+from synth.synthesis.baselines import best_baseline  # noqa: E402
+from synth.bounds.physical import lower_bound  # noqa: E402
 from synth.errors import SynthError  # noqa: E402
-from synth.execute import verify  # noqa: E402
-from synth.solve import SolverOptions  # noqa: E402
-from synth.topology import load_topology  # noqa: E402
+from synth.schedule.replay import verify  # noqa: E402
+from synth.solver.highs import SolverOptions  # noqa: E402
+from synth.model.topology import load_topology  # noqa: E402
 
 GB, KB = 1e9, 1e3
 
@@ -130,7 +130,7 @@ def main():
     ap.add_argument("--only", default=None, help="run only this instance name")
     args = ap.parse_args()
     conv = size_convention()
-    print("size convention check (published limit vs synth.bounds):")
+    print("size convention check (published limit vs synth.bounds.physical):")
     print_table(conv, ["instance", "published_ms", "1e9_ms", "2^30_ms", "matches"])
     print()
     rows = []

@@ -19,10 +19,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from backends.msccl_ir import Gpu, MscclProgram, Step, Threadblock  # noqa: E402
-from synth.interpret import execute_program  # noqa: E402
-from synth.simulate import simulate_program  # noqa: E402
-from synth.topology import load_topology  # noqa: E402
+from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock  # noqa: E402
+from backends.msccl.interpret import execute_program  # noqa: E402
+from backends.msccl.simulate import simulate_program  # noqa: E402
+from synth.model.topology import load_topology  # noqa: E402
 
 TARGET_S = 2.0
 
@@ -80,7 +80,7 @@ def render_xml(p: MscclProgram) -> str:
 
 def parse(text: str):
     try:
-        from backends.msccl_parse import parse_msccl_xml
+        from backends.msccl.parse import parse_msccl_xml
     except ImportError:
         return None
     return parse_msccl_xml(text, "<bench>")[0]

@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import print_table, write_json  # noqa: E402
 
-from synth.pareto import explore_frontier, plan_sweep  # noqa: E402
-from synth.topology import load_topology  # noqa: E402
-from synth.workers import local_pool  # noqa: E402
+from synth.sweep.frontier import explore_frontier, plan_sweep  # noqa: E402
+from synth.model.topology import load_topology  # noqa: E402
+from synth.sweep.workers import local_pool  # noqa: E402
 
 # (collective, max chunks, target seconds)
 CASES = [("allgather", 8, 3.0), ("reducescatter", 8, 3.0), ("alltoall", 8, 5.0), ("gather", 8, 5.0),

@@ -16,12 +16,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import print_table, timed, write_json  # noqa: E402
 
-from synth.collectives import make_collective  # noqa: E402
-from synth.encode.steps import encode_steps  # noqa: E402
+from synth.model.collectives import make_collective  # noqa: E402
+from synth.formulations.steps import encode_steps  # noqa: E402
 from synth.errors import InfeasibleError  # noqa: E402
-from synth.solve import SolverOptions, solve_model  # noqa: E402
-from synth.synthesize import synthesize_steps  # noqa: E402
-from synth.topology import load_topology  # noqa: E402
+from synth.solver.highs import SolverOptions, solve_model  # noqa: E402
+from synth.synthesis.steps import synthesize_steps  # noqa: E402
+from synth.model.topology import load_topology  # noqa: E402
 
 INSTANCES = [("allgather", 2, 3, 2), ("allgather", 3, 7, 6), ("allgather", 3, 6, 6),
              ("reducescatter", 2, 3, 2), ("reducescatter", 3, 7, 6), ("reducescatter", 3, 6, 6)]

@@ -1,5 +1,5 @@
 """``python -m synth`` runs the CLI."""
 
-from .cli import main
+from synth.cli import main
 
 main()

@@ -30,7 +30,7 @@ def write_atomic(path: str | Path, text: str | bytes) -> None:
 def document_name(raw, source: str, expected_format: str, kind: str) -> str:
     """Check the header every synth JSON document shares (an object, its ``format``); return its ``name``
     (the file's stem when absent). Raises InputError naming ``source`` and the field."""
-    from .errors import InputError
+    from synth.errors import InputError
 
     if not isinstance(raw, dict):
         raise InputError(source, "", f"a {kind} file must hold a JSON object")

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from synth.topology import load_topology
+from synth.model.topology import load_topology
 
 SHARED_XML = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
 

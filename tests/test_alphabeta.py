@@ -2,18 +2,18 @@
 
 import pytest
 
-from synth.alphabeta import synthesize_alpha_beta
-from synth.collectives import make_collective
-from synth.encode.routed import decode_routed, encode_routed
+from synth.synthesis.alphabeta import synthesize_alpha_beta
+from synth.model.collectives import make_collective
+from synth.formulations.routed import decode_routed, encode_routed
 from synth.errors import InfeasibleError, InputError
-from synth.execute import replay_data, verify
-from synth.order import list_schedule
-from synth.pipeline import pipeline
-from synth.routes import make_problem, route_loads, shortest_path_routes
-from synth.sketch import load_sketch, sketch_from_dict
-from synth.solve import SolverOptions, solve_model
-from synth.synthesize import synthesize_steps
-from synth.topology import load_topology
+from synth.schedule.replay import replay_data, verify
+from synth.schedule.list_scheduler import list_schedule
+from synth.schedule.transforms import pipeline
+from synth.formulations.routes import make_problem, route_loads, shortest_path_routes
+from synth.model.sketch import load_sketch, sketch_from_dict
+from synth.solver.highs import SolverOptions, solve_model
+from synth.synthesis.steps import synthesize_steps
+from synth.model.topology import load_topology
 
 QUICK = SolverOptions(time_limit_s=5.0, mip_gap=1e-3)
 MB = 1 << 20
@@ -147,8 +147,8 @@ def test_small_messages_use_latency_optimal_trees(tecc):
 
 
 def test_time_expanded_rolling_horizon_returns_a_verified_schedule():
-    from synth.encode import timexp as te
-    from synth.order import book_in_order
+    from synth.formulations import timexp as te
+    from synth.schedule.list_scheduler import book_in_order
 
     topo = load_topology("ring-4")
     coll = make_collective("allgather", 4, 1)

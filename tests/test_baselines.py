@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from synth.baselines import BASELINES, baseline_status, best_baseline, build_baseline, find_ring, pack_rings
-from synth.bounds import lower_bound
+from synth.synthesis.baselines import BASELINES, baseline_status, best_baseline, build_baseline, find_ring, pack_rings
+from synth.bounds.physical import lower_bound
 from synth.errors import InputError
-from synth.execute import verify
-from synth.topology import load_topology, topology_from_dict
+from synth.schedule.replay import verify
+from synth.model.topology import load_topology, topology_from_dict
 
 ALPHA, BW = 0.7, 25.0
 TOPOLOGIES = {"ring-8": load_topology("ring-8"), "dgx1": load_topology("dgx1"),

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from synth.bounds import bandwidth_bound_us, lower_bound
+from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.errors import InputError
-from synth.topology import load_topology, topology_from_dict
+from synth.model.topology import load_topology, topology_from_dict
 
 GB = 10**9  # the TE-CCL figures use 1 GB = 1e9 bytes; 2**30 bytes gives 7.37% more
 BW = 25.0   # GB/s of ring-N and fully-connected-N links

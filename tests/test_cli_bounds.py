@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from synth.cli import main
-from synth.execute import verify
-from synth.schedule import load_schedule
-from synth.topology import load_topology
+from synth.schedule.replay import verify
+from synth.schedule.ir import load_schedule
+from synth.model.topology import load_topology
 
 
 def run(*args):

@@ -1,7 +1,7 @@
 """``synth check``: exit codes, one-line errors, report lines and --json (click's CliRunner).
 
 Most tests replace the interpreter by a stub so they test the command's plumbing alone; the last ones run the
-real :mod:`synth.interpret` on the shared files.
+real :mod:`backends.msccl.interpret` on the shared files.
 """
 
 import json
@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from synth.cli import main
-from synth.findings import Finding
+from backends.msccl.findings import Finding
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
 
@@ -36,7 +36,7 @@ EXECUTOR_XML = ('<algo name="pair" proto="Simple" nchannels="1" nchunksperloop="
 
 
 class StubInterpreter:
-    """Stands in for synth.interpret: records calls, returns the findings a test asks for."""
+    """Stands in for backends.msccl.interpret: records calls, returns the findings a test asks for."""
 
     def __init__(self):
         self.calls = []
@@ -51,9 +51,9 @@ class StubInterpreter:
 @pytest.fixture
 def stub(monkeypatch):
     interpreter = StubInterpreter()
-    module = types.ModuleType("synth.interpret")
+    module = types.ModuleType("backends.msccl.interpret")
     module.execute_program = interpreter.execute_program
-    monkeypatch.setitem(sys.modules, "synth.interpret", module)
+    monkeypatch.setitem(sys.modules, "backends.msccl.interpret", module)
     import synth
     monkeypatch.setattr(synth, "interpret", module, raising=False)
     return interpreter

@@ -126,7 +126,7 @@ def test_ndv2_two_nodes_bundle_acceptance(tmp_path):
 
 
 def test_interrupt_keeps_the_points_found(tmp_path, monkeypatch):
-    from synth import pareto
+    from synth.sweep import frontier as pareto
 
     real = pareto.solve_instance
     calls = []

@@ -8,8 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from synth.cli import main
-from synth.collectives import make_collective
-from synth.schedule import Schedule, Transfer
+from synth.model.collectives import make_collective
+from synth.schedule.ir import Schedule, Transfer
 from test_interpret import INVALID_FILE, SHARED_XML
 
 RING_XML = str(SHARED_XML / "allgather_ring_8gpu_1ch_1inst.xml")

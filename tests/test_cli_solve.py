@@ -37,8 +37,8 @@ def test_infeasible_request_exits_3_and_writes_nothing(tmp_path, coll):
 
 @pytest.mark.parametrize("topology", ["ring-4", "dgx1"])
 def test_default_search_is_never_slower_than_a_runnable_baseline(topology):
-    from synth.baselines import best_baseline
-    from synth.topology import load_topology
+    from synth.synthesis.baselines import best_baseline
+    from synth.model.topology import load_topology
     r = run("solve", "allgather", "--topology", topology, "--json")
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)

@@ -2,14 +2,14 @@
 
 import pytest
 
-from backends.msccl_parse import parse_msccl_xml
-from backends.msccl_xml import lower_to_msccl
+from backends.msccl.parse import parse_msccl_xml
+from backends.msccl.lowering import lower_to_msccl
 from conftest import DGX1_EVERY_COLLECTIVE
-from synth.emit import emit_verified_xml
-from synth.interpret import execute_program
-from synth.lint import lint_program, lint_text
-from synth.synthesize import synthesize_steps
-from synth.topology import load_topology
+from backends.msccl.writer import emit_verified_xml
+from backends.msccl.interpret import execute_program
+from backends.msccl.lint import lint_program, lint_text
+from synth.synthesis.steps import synthesize_steps
+from synth.model.topology import load_topology
 
 
 @pytest.mark.parametrize("coll,S,R,C", DGX1_EVERY_COLLECTIVE + [("allgather", 3, 7, 6)])
@@ -30,8 +30,8 @@ def test_dgx1_xml_executes_reparses_and_lints_clean(dgx1, coll, S, R, C, target)
 @pytest.mark.parametrize("coll,steps", [("allgather", None), ("reducescatter", None), ("allreduce", None),
                                         ("alltoall", None)])
 def test_plain_and_fused_lowerings_both_execute(name, coll, steps):
-    from synth.choose import step_candidates
-    from synth.solve import SolverOptions
+    from synth.synthesis.select import step_candidates
+    from synth.solver.highs import SolverOptions
     topo = load_topology(name)
     [choice] = step_candidates(topo, coll, 1 << 20, None, None, 1, None, SolverOptions(), lambda m: None)
     for fuse in (True, False):
@@ -43,8 +43,8 @@ def test_plain_and_fused_lowerings_both_execute(name, coll, steps):
 @pytest.mark.parametrize("size", [1 << 10, 1 << 20, 1 << 30])
 def test_simulated_program_time_equals_replay_time(dgx1, coll, S, R, C, size):
     """Same cost model: the executor's time for the lowered schedule matches the replay within 1%."""
-    from synth.execute import verify
-    from synth.simulate import UNBOUNDED_FIFO, simulate_program
+    from synth.schedule.replay import verify
+    from backends.msccl.simulate import UNBOUNDED_FIFO, simulate_program
     sched = synthesize_steps(dgx1, coll, S, R, C).schedule
     replay = verify(sched, dgx1, size).time_us
     simulated = simulate_program(lower_to_msccl(sched, fuse=False), dgx1, size, fifo_depth=UNBOUNDED_FIFO).time_us
@@ -54,7 +54,7 @@ def test_simulated_program_time_equals_replay_time(dgx1, coll, S, R, C, size):
 def test_emitter_picks_the_faster_verified_lowering(dgx1):
     sched = synthesize_steps(dgx1, "allgather", 3, 7, 6).schedule
     emitted = emit_verified_xml(sched, topology=dgx1, size_bytes=1 << 30)
-    from synth.simulate import simulate_program
+    from backends.msccl.simulate import simulate_program
     others = [simulate_program(lower_to_msccl(sched, fuse=f), dgx1, 1 << 30).time_us for f in (True, False)]
     assert emitted.simulated_us <= min(others) * 1.01 + 1e-9
 
@@ -63,9 +63,9 @@ def test_emitter_picks_the_faster_verified_lowering(dgx1):
 def test_switch_topologies_simulate_like_the_replay_when_ports_follow_the_plan(name):
     """Sends sharing an NVSwitch port carry the schedule's order as dependencies, so the program's simulated
     time (runtime FIFO depth) equals the replay; without the order it was 12-18% slower."""
-    from synth.alphabeta import synthesize_alpha_beta
-    from synth.execute import verify
-    from synth.simulate import simulate_program
+    from synth.synthesis.alphabeta import synthesize_alpha_beta
+    from synth.schedule.replay import verify
+    from backends.msccl.simulate import simulate_program
     topo = load_topology(name)
     size = 1 << 24
     sched = synthesize_alpha_beta(topo, "allgather", size, method="routed").schedule

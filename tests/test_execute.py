@@ -4,11 +4,11 @@ import dataclasses
 
 import pytest
 
-from synth.collectives import make_collective
+from synth.model.collectives import make_collective
 from synth.errors import VerificationError
-from synth.execute import check_links, replay_data, replay_time, verify
-from synth.schedule import REDUCE, Schedule, Transfer
-from synth.synthesize import synthesize_steps
+from synth.schedule.replay import check_links, replay_data, replay_time, verify
+from synth.schedule.ir import REDUCE, Schedule, Transfer
+from synth.synthesis.steps import synthesize_steps
 
 
 def ring_allgather(n=4):

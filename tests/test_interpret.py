@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.msccl_ir import Gpu, MscclProgram, Step, Threadblock
-from synth.interpret import execute_program
+from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock
+from backends.msccl.interpret import execute_program
 
 SHARED_XML = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
 VALID_FILES = ["allgather_ring_8gpu_1ch_1inst.xml", "simple_allgather_ring_4gpu.xml",
@@ -27,7 +27,7 @@ INVALID_FILE = "allreduce_a100_pcie_hierarchical_8gpu_1inst.xml"
 
 
 def load_shared(name: str) -> MscclProgram:
-    from backends.msccl_parse import load_msccl_xml
+    from backends.msccl.parse import load_msccl_xml
     return load_msccl_xml(SHARED_XML / name)[0]
 
 
@@ -463,7 +463,7 @@ def test_bad_peer_and_unknown_step_type_are_findings():
 
 
 def test_race_analysis_is_skipped_with_a_warning_beyond_its_budget(monkeypatch):
-    import synth.interpret as interpret
+    import backends.msccl.interpret as interpret
     monkeypatch.setattr(interpret, "MAX_RACE_TBS", 2)
     result = execute_program(ring_allgather(4))
     assert result.ok and any("race analysis skipped" in f.message for f in result.findings)

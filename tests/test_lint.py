@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.msccl_ir import Gpu, MscclProgram, Step, Threadblock
-from backends.msccl_parse import parse_msccl_xml
+from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock
+from backends.msccl.parse import parse_msccl_xml
 from synth.errors import InputError
-from synth.findings import Finding
-from synth.lint import (MAX_FINDINGS_PER_KIND, blocks_execution, for_target, lint_program, lint_text)
+from backends.msccl.findings import Finding
+from backends.msccl.lint import (MAX_FINDINGS_PER_KIND, blocks_execution, for_target, lint_program, lint_text)
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/msccl-xml not beside the clone")

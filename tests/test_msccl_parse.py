@@ -8,10 +8,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.msccl_parse import (MAX_GPUS, XmlError, load_msccl_document, load_msccl_xml, parse_msccl_document,
+from backends.msccl.parse import (MAX_GPUS, XmlError, load_msccl_document, load_msccl_xml, parse_msccl_document,
                                   parse_msccl_xml)
 from synth.errors import InputError
-from synth.lint import lint_program, lint_text
+from backends.msccl.lint import lint_program, lint_text
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
 needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/msccl-xml not beside the clone")

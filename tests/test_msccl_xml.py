@@ -5,11 +5,11 @@ import re
 import defusedxml.ElementTree as ET
 import pytest
 
-from backends.msccl_ir import MAX_STEPS_EXECUTOR
-from backends.msccl_xml import check_limits, lower_to_msccl, render_msccl_xml, schedule_to_msccl_xml
+from backends.msccl.ir import MAX_STEPS_EXECUTOR
+from backends.msccl.lowering import check_limits, lower_to_msccl, render_msccl_xml, schedule_to_msccl_xml
 from conftest import DGX1_EVERY_COLLECTIVE
 from synth.errors import BackendError
-from synth.synthesize import synthesize_steps
+from synth.synthesis.steps import synthesize_steps
 
 ALGO_ATTRS = {"name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace",
               "minBytes", "maxBytes"}
@@ -80,7 +80,7 @@ def test_a_program_over_the_step_limit_is_refused(dgx1_schedules):
 
 
 def test_refusal_raises_backend_error(monkeypatch, dgx1_schedules):
-    import backends.msccl_xml as mx
+    import backends.msccl.lowering as mx
     monkeypatch.setattr(mx, "check_limits", lambda program, target: ["gpu 0 tb 0: 99 steps (limit 64)"])
     with pytest.raises(BackendError, match="breaks a runtime limit: gpu 0 tb 0: 99 steps"):
         schedule_to_msccl_xml(dgx1_schedules["allgather"])

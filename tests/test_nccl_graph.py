@@ -6,13 +6,13 @@ from collections import Counter
 import pytest
 from click.testing import CliRunner
 
-from backends.nccl_graph import export_nccl_graph, find_rings
-from synth.baselines import build_baseline
+from backends.nccl.graph_export import export_nccl_graph, find_rings
+from synth.synthesis.baselines import build_baseline
 from synth.cli import main
-from synth.collectives import make_collective
+from synth.model.collectives import make_collective
 from synth.errors import BackendError
-from synth.schedule import REDUCE, Schedule, Transfer
-from synth.topology import load_topology
+from synth.schedule.ir import REDUCE, Schedule, Transfer
+from synth.model.topology import load_topology
 
 GRAPH_ATTRS = ("id", "pattern", "crossnic", "nchannels", "speedintra", "speedinter", "latencyinter", "typeintra",
                "typeinter", "samechannels")

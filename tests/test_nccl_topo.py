@@ -8,10 +8,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.nccl_topo import import_nccl_dumps, parse_nccl_dump, pcie_bandwidth_GBps
+from backends.nccl.topo_import import import_nccl_dumps, parse_nccl_dump, pcie_bandwidth_GBps
 from synth.cli import main
 from synth.errors import InputError
-from synth.topology import check_connected, load_topology, topology_from_dict
+from synth.model.topology import check_connected, load_topology, topology_from_dict
 
 DATA = Path(__file__).resolve().parent / "data" / "nccl"
 DGX1 = DATA / "dgx1_v100.xml"
@@ -132,7 +132,7 @@ def test_nodes_without_nics_cannot_be_joined(tmp_path):
 
 
 def test_oversized_file_is_refused_before_parsing(tmp_path, monkeypatch):
-    import backends.nccl_topo as nt
+    import backends.nccl.topo_import as nt
     monkeypatch.setattr(nt, "MAX_DUMP_BYTES", 100)
     with pytest.raises(InputError, match="limit 100"):
         import_nccl_dumps([DGX1])
@@ -172,11 +172,11 @@ def test_solve_on_imported_dgx1_dump_matches_the_builtin(dgx1):
     Only bandwidth differs (NCCL's sm70 NVLink figure is 20 GB/s per link, SCCL's model uses 25), so predicted
     times scale by exactly 25/20 at large sizes.
     """
-    from synth.collectives import make_collective
-    from synth.encode.steps import symmetry_for
+    from synth.model.collectives import make_collective
+    from synth.formulations.steps import symmetry_for
     from synth.errors import InfeasibleError
-    from synth.execute import verify
-    from synth.synthesize import synthesize_steps
+    from synth.schedule.replay import verify
+    from synth.synthesis.steps import synthesize_steps
 
     imported = topology_from_dict(import_nccl_dumps([DATA / "dgx1_v100.xml"]), "dgx1_v100.xml")
     coll = make_collective("allgather", 8, 6)

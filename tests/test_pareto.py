@@ -1,20 +1,20 @@
-"""The step frontier (synth.pareto), its rounds-per-chunk bound, the per-size choice and the bundle."""
+"""The step frontier (synth.sweep.frontier), its rounds-per-chunk bound, the per-size choice and the bundle."""
 
 import time
 from fractions import Fraction
 
 import pytest
 
-from synth.bundle import BundlePlan, readme_text, write_bundle
-from synth.pareto import (FEASIBLE, IMPLIED, INFEASIBLE, STOP_CHUNK_CAP, STOP_LOWER_BOUND, UNKNOWN, Instance,
+from synth.sweep.bundle import BundlePlan, readme_text, write_bundle
+from synth.sweep.frontier import (FEASIBLE, IMPLIED, INFEASIBLE, STOP_CHUNK_CAP, STOP_LOWER_BOUND, UNKNOWN, Instance,
                           SweepPoint, candidates, explore_frontier, implied_infeasible, pareto_filter, plan_sweep)
-from synth.rounds_bound import rounds_per_chunk_bound
+from synth.bounds.rounds import rounds_per_chunk_bound
 from synth.errors import InputError
-from synth.sizeplan import (BASELINE, STEPS, Algorithm, choose_per_size, parse_size_range, runnable, size_grid,
+from synth.sweep.sizes import (BASELINE, STEPS, Algorithm, choose_per_size, parse_size_range, runnable, size_grid,
                             tile_ranges)
-from synth.synthesize import synthesize_steps
-from synth.topology import load_topology
-from synth.workers import local_pool
+from synth.synthesis.steps import synthesize_steps
+from synth.model.topology import load_topology
+from synth.sweep.workers import local_pool
 
 DGX1_FRONTIER = {"allgather": [(2, 3, 2), (3, 7, 6)], "reducescatter": [(2, 3, 2), (3, 7, 6)]}
 
@@ -64,7 +64,7 @@ def test_filter_result_is_an_antichain():
 # ------------------------------------------------------------------------------------------ search pieces
 
 def test_candidates_are_in_ratio_order_within_bounds():
-    from synth.pareto import SweepSpec
+    from synth.sweep.frontier import SweepSpec
 
     spec = SweepSpec("allgather", None, 2, 4, 8, 7 / 6)
     got = list(candidates(spec, 3, Fraction(3, 2)))
@@ -74,7 +74,7 @@ def test_candidates_are_in_ratio_order_within_bounds():
 
 
 def test_allreduce_candidates_have_even_rounds():
-    from synth.pareto import SweepSpec
+    from synth.sweep.frontier import SweepSpec
 
     spec = SweepSpec("allreduce", None, 4, 8, 6, 7 / 3)
     assert all(i.rounds % 2 == 0 for i in candidates(spec, 4, Fraction(4)))
@@ -139,7 +139,7 @@ def test_dgx1_frontier_is_exact(dgx1, name):
 
 
 def test_frontier_schedules_verify(dgx1):
-    from synth.execute import verify
+    from synth.schedule.replay import verify
 
     f = explore_frontier(dgx1, plan_sweep(dgx1, "allgather"))
     for p in f.frontier:
@@ -184,7 +184,7 @@ def test_implied_points_are_reported(dgx1):
 
 
 def test_time_limit_gives_unknown_and_an_unproven_frontier(dgx1, monkeypatch):
-    from synth import pareto
+    from synth.sweep import frontier as pareto
     from synth.errors import NoSolutionError
 
     real = pareto.synthesize_steps
@@ -238,7 +238,7 @@ def test_runnable_follows_nchunksperloop(ring4):
 
 
 def test_ranges_tile_the_size_range_at_the_crossover(dgx1_steps):
-    from synth.execute import verify
+    from synth.schedule.replay import verify
 
     topo, algs, sizes = dgx1_steps
     choices = choose_per_size(algs, topo, sizes)
@@ -257,7 +257,7 @@ def test_ranges_tile_the_size_range_at_the_crossover(dgx1_steps):
 
 
 def test_choice_is_never_slower_than_a_runnable_baseline(ring4):
-    from synth.baselines import build_baseline
+    from synth.synthesis.baselines import build_baseline
 
     algs = [Algorithm("steps-2-3-2", STEPS, "steps", synthesize_steps(ring4, "allgather", 2, 3, 2).schedule),
             Algorithm("baseline-ring-c4", BASELINE, "ring", build_baseline("ring", "allgather", ring4, 4))]
@@ -267,7 +267,7 @@ def test_choice_is_never_slower_than_a_runnable_baseline(ring4):
 
 
 def test_bundle_files_and_readme(dgx1_steps, tmp_path):
-    from synth.bundle import plan_bundle
+    from synth.sweep.bundle import plan_bundle
 
     topo, algs, sizes = dgx1_steps
     plan = plan_bundle(algs, topo, sizes, sizes[0], sizes[-1])
@@ -289,7 +289,7 @@ def test_bundle_files_and_readme(dgx1_steps, tmp_path):
 
 def test_plot_skips_algorithms_left_out_of_the_choice(dgx1_steps, tmp_path):
     pytest.importorskip("matplotlib")
-    from synth.plot import plot_size_frontier
+    from synth.sweep.plot import plot_size_frontier
 
     topo, algs, sizes = dgx1_steps
     choices = choose_per_size(algs[:1], topo, sizes, limit_us=lambda size: 1.0 + size / 2e5)

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from synth.cli import main
 from synth.errors import InputError
-from synth.profile import fit_line, fit_nccl_tests, parse_nccl_tests
+from backends.nccl.nccl_tests import fit_line, fit_nccl_tests, parse_nccl_tests
 
 HEADER = """# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0
 #
@@ -147,7 +147,7 @@ def test_profile_run_measures_pairs_and_writes_a_loadable_topology(tmp_path):
     if importlib.util.find_spec("torch") is None:
         pytest.fail("PyTorch is not installed, so synth profile run cannot be tested: install the extra with "
                     "pip install -e '.[torch]'")
-    from synth.topology import load_topology
+    from synth.model.topology import load_topology
     out = tmp_path / "measured.json"
     result = CliRunner().invoke(main, ["profile", "run", "--nprocs", "3", "--backend", "gloo", "--sizes",
                                        "256KB,4MB,16MB", "--iters", "3", "-o", str(out), "--json"])
@@ -174,7 +174,7 @@ _ROWS = nccl_tests_output("sendrecv", 2, 3.0, 20.0, 0.02, 7).splitlines(keepends
 def test_any_text_ends_in_a_fit_or_an_input_error(lines, test):
     try:
         table = parse_nccl_tests("".join(lines), "fuzz.txt", test or "sendrecv")
-        from synth.profile import fit_table
+        from backends.nccl.nccl_tests import fit_table
         fit = fit_table(table)
     except InputError:
         return

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from backends.msccl_ir import Gpu, MscclProgram, Step, Threadblock
+from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock
 from synth.cli import main
 from synth.errors import InputError, VerificationError
-from synth.run_plan import plan_program
-from synth.run_torch import raise_on_failure, run_msccl_file, run_msccl_programs
+from synth.runtime.run_plan import plan_program
+from synth.runtime.torch_run import raise_on_failure, run_msccl_file, run_msccl_programs
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
@@ -108,7 +108,7 @@ def test_dependency_on_a_flag_nobody_publishes_is_refused():
 
 
 def test_shared_files_plan_cleanly():
-    from backends.msccl_parse import load_msccl_xml
+    from backends.msccl.parse import load_msccl_xml
     for path in sorted(SHARED.glob("*.xml")):
         for p in load_msccl_xml(path):
             plan = plan_program(p, p.ngpus, str(path))
@@ -116,7 +116,7 @@ def test_shared_files_plan_cleanly():
 
 
 def test_missing_torch_gives_the_install_hint(monkeypatch):
-    import synth.torch_launch as tl
+    import synth.runtime.launch as tl
     monkeypatch.setattr(tl.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(tl.TorchMissingError, match=r"install the extra: pip install 'synth-collectives\[torch\]'"):
         tl.require_torch("synth run")
@@ -176,8 +176,8 @@ def test_cli_run_json(tmp_path):
 def test_our_dgx1_xml_runs_on_8_processes(dgx1, coll, S, R, C):
     """What `synth solve -o` writes for DGX-1 computes the collective on real processes, both lowerings."""
     need_torch()
-    from backends.msccl_xml import lower_to_msccl
-    from synth.synthesize import synthesize_steps
+    from backends.msccl.lowering import lower_to_msccl
+    from synth.synthesis.steps import synthesize_steps
     sched = synthesize_steps(dgx1, coll, S, R, C).schedule
     programs = [lower_to_msccl(sched, fuse=True), lower_to_msccl(sched, fuse=False)]
     for report in run_msccl_programs(programs, 8, timeout_s=30):

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from synth.collectives import make_collective
+from synth.model.collectives import make_collective
 from synth.errors import InputError
-from synth.schedule import Schedule, Transfer, buffer_layout, load_schedule, schedule_from_dict
-from synth.synthesize import synthesize_steps
+from synth.schedule.ir import Schedule, Transfer, buffer_layout, load_schedule, schedule_from_dict
+from synth.synthesis.steps import synthesize_steps
 
 
 def test_round_trip_keeps_every_field(dgx1, tmp_path):

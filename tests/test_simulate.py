@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.msccl_ir import Gpu, MscclProgram
+from backends.msccl.ir import Gpu, MscclProgram
 
 from synth.errors import InputError, SynthError, VerificationError
-from synth.simulate import TraceEvent, simulate_program, trace_document, write_trace
-from synth.topology import load_topology, topology_from_dict
+from backends.msccl.simulate import TraceEvent, simulate_program, trace_document, write_trace
+from synth.model.topology import load_topology, topology_from_dict
 from test_interpret import (TB_STRATEGY, P, S, T, load_shared, replace_tb, ring_allgather, ring_allreduce,
                             swap_steps)
 

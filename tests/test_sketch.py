@@ -5,8 +5,8 @@ import json
 import pytest
 
 from synth.errors import InputError
-from synth.sketch import builtin_sketch_names, load_sketch, reverse_sketch, sketch_from_dict
-from synth.topology import load_topology
+from synth.model.sketch import builtin_sketch_names, load_sketch, reverse_sketch, sketch_from_dict
+from synth.model.topology import load_topology
 
 SHIPPED = [("ndv2-tecc-relay", "ndv2-2node-tecc", 1), ("ndv2-tecc-relay", "ndv2-4node-tecc", 1),
            ("ndv2-nic-relay", "ndv2", 2), ("dgx2-tecc-relay", "dgx2-2node-tecc", 1), ("dgx2-nic-rail", "dgx2", 2),
@@ -48,7 +48,7 @@ def test_shipped_sketches_match_the_json_schema():
     schema = json.loads((resources.files("synth") / "schemas" / "sketch.schema.json").read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     for name in builtin_sketch_names():
-        jsonschema.validate(json.loads((resources.files("sketches") / f"{name}.json").read_text()), schema)
+        jsonschema.validate(json.loads((resources.files("synth.sketches") / f"{name}.json").read_text()), schema)
 
 
 def test_tecc_relay_sketch_restricts_internode_links(tecc):

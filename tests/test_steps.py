@@ -3,12 +3,12 @@
 import pytest
 
 from conftest import DGX1_EVERY_COLLECTIVE, DGX1_FEASIBLE, DGX1_INFEASIBLE
-from synth.collectives import make_collective
-from synth.encode.steps import encode_steps, min_steps, symmetry_for
+from synth.model.collectives import make_collective
+from synth.formulations.steps import encode_steps, min_steps, symmetry_for
 from synth.errors import InfeasibleError
-from synth.execute import check_links, replay_data, verify
-from synth.synthesize import synthesize_steps
-from synth.topology import load_topology
+from synth.schedule.replay import check_links, replay_data, verify
+from synth.synthesis.steps import synthesize_steps
+from synth.model.topology import load_topology
 
 
 @pytest.mark.parametrize("coll,S,R,C", DGX1_FEASIBLE)

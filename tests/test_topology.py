@@ -6,7 +6,7 @@ import jsonschema
 import pytest
 
 from synth.errors import InputError
-from synth.topology import builtin_names, free_symmetry_group, load_topology
+from synth.model.topology import builtin_names, free_symmetry_group, load_topology
 
 
 def test_dgx1_has_sccl_matrix():
@@ -25,7 +25,7 @@ def test_dgx1_free_symmetry_has_four_elements():
 
 @pytest.mark.parametrize("name", builtin_names() + ["ring-5", "fully-connected-3"])
 def test_every_builtin_loads_and_is_connected(name):
-    from synth.topology import check_connected
+    from synth.model.topology import check_connected
     t = load_topology(name)
     check_connected(t)
     assert t.num_ranks % t.gpus_per_node == 0
@@ -59,7 +59,7 @@ def test_negative_bandwidth_is_rejected(tmp_path):
 def test_builtin_files_follow_the_schema(name):
     from importlib import resources
     schema = json.loads((resources.files("synth") / "schemas" / "topology.schema.json").read_text())
-    raw = json.loads((resources.files("topologies") / f"{name}.json").read_text())
+    raw = json.loads((resources.files("synth.topologies") / f"{name}.json").read_text())
     jsonschema.validate(raw, schema)
 
 

@@ -9,8 +9,8 @@ import importlib
 
 import click
 
-from .. import __version__
-from ._common import SynthGroup
+from synth import __version__
+from synth.cli._common import SynthGroup
 
 # (module in synth.cli, attribute) for each top-level command or group, imported lazily by the group.
 COMMANDS = {

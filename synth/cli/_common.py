@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..errors import SynthError
+from synth.errors import SynthError
 
 EXIT_BAD_INPUT = 1
 EXIT_USAGE = 2

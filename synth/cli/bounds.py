@@ -6,10 +6,10 @@ import json
 
 import click
 
-from ..errors import InputError
-from ..units import format_size, parse_size
-from ..fileio import write_atomic
-from ._common import echo_err
+from synth.errors import InputError
+from synth.units import format_size, parse_size
+from synth.fileio import write_atomic
+from synth.cli._common import echo_err
 
 _SIZE_HELP = "nccl-tests' size (e.g. 1GB = 2**30 bytes, or a byte count such as 1000000000)."
 
@@ -37,8 +37,8 @@ def _topology_options(func):
               help="Chunks per rank, for the store-and-forward path of one chunk.")
 def bounds(collective, topology_name, nodes, size_text, root, as_json, chunks):
     """Lower bounds on COLLECTIVE's time: bandwidth (max-flow / LP) and latency (alpha diameter)."""
-    from ..bounds import lower_bound
-    from ..topology import load_topology
+    from synth.bounds.physical import lower_bound
+    from synth.model.topology import load_topology
 
     topo = load_topology(topology_name, nodes)
     size = parse_size(size_text)
@@ -69,10 +69,10 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
     Baselines: ring, bidir-ring, multi-ring, double-binary-tree, recursive-doubling,
     recursive-halving-doubling, hierarchical, all-pairs.
     """
-    from ..baselines import BASELINES, best_baseline, build_baseline
-    from ..bounds import lower_bound
-    from ..execute import verify
-    from ..topology import load_topology
+    from synth.synthesis.baselines import BASELINES, best_baseline, build_baseline
+    from synth.bounds.physical import lower_bound
+    from synth.schedule.replay import verify
+    from synth.model.topology import load_topology
 
     if name != "best" and name not in BASELINES:
         raise InputError("NAME", "", f"unknown baseline {name!r}; choose best or one of {', '.join(BASELINES)}")
@@ -105,8 +105,8 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
 
 def _write_xml(schedule, topology, path, size_bytes) -> None:
     try:
-        from backends.msccl_xml import write_msccl_xml
+        from backends.msccl.lowering import write_msccl_xml
     except ImportError:
-        raise InputError("-o", "", "the MSCCL XML backend (backends.msccl_xml) is not available in this build; "
+        raise InputError("-o", "", "the MSCCL XML backend (backends.msccl.lowering) is not available in this build; "
                          "use --schedule-out for the JSON schedule") from None
     write_msccl_xml(schedule, topology, path, size_bytes=size_bytes, target="executor")

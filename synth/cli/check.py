@@ -1,7 +1,7 @@
 """``synth check``: verify an MSCCL XML file before it touches a GPU.
 
 Parses the file (untrusted input, DESIGN section 11), lints it against the runtimes' rules (DESIGN section 7),
-then executes each algorithm data-exactly with :func:`synth.interpret.execute_program` (postcondition,
+then executes each algorithm data-exactly with :func:`backends.msccl.interpret.execute_program` (postcondition,
 deadlock, races). Exit 0 when valid (warnings allowed), 1 when invalid or unreadable.
 """
 
@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 import click
 
-from ..collectives import COLLECTIVES, normalize_name
-from ..findings import Finding
-from ..lint import TARGETS, blocks_execution, cap_findings, for_target, lint_program, lint_text
-from ._common import EXIT_BAD_INPUT
+from synth.model.collectives import COLLECTIVES, normalize_name
+from backends.msccl.findings import Finding
+from backends.msccl.lint import TARGETS, blocks_execution, cap_findings, for_target, lint_program, lint_text
+from synth.cli._common import EXIT_BAD_INPUT
 
 CUSTOM = "custom"
 
@@ -53,7 +53,7 @@ class AlgoReport:
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
 def check(file, collective, target, fifo_depth, as_json):
     """Check that the MSCCL XML FILE loads in the MSCCL runtimes and implements its collective."""
-    from backends.msccl_parse import parse_msccl_document, read_xml_text
+    from backends.msccl.parse import parse_msccl_document, read_xml_text
 
     text = read_xml_text(file)
     document = parse_msccl_document(text, file)
@@ -71,7 +71,7 @@ def check(file, collective, target, fifo_depth, as_json):
 
 def _check_program(program, collective, target, fifo_depth) -> AlgoReport:
     """Lint one program, then execute it unless the lint found structural errors."""
-    from ..interpret import execute_program
+    from backends.msccl.interpret import execute_program
 
     findings = lint_program(program, target, cap=False)
     executed = not blocks_execution(findings)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._common import SynthGroup, echo_err
+from synth.cli._common import SynthGroup, echo_err
 
 
 @click.group(cls=SynthGroup)
@@ -26,10 +26,10 @@ def export():
 def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output):
     """Write a ring-shaped schedule (JSON from synth solve --schedule-out or a baseline) as an NCCL graph file,
     one channel per ring. Schedules that are not rings are refused with the reason."""
-    from backends.nccl_graph import export_nccl_graph, find_rings
-    from ..schedule import load_schedule
-    from ..topology import load_topology
-    from ..fileio import write_atomic
+    from backends.nccl.graph_export import export_nccl_graph, find_rings
+    from synth.schedule.ir import load_schedule
+    from synth.model.topology import load_topology
+    from synth.fileio import write_atomic
 
     schedule = load_schedule(schedule_file)
     topology = load_topology(topology_name, nodes)

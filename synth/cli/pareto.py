@@ -1,7 +1,7 @@
 """``synth pareto``: the (steps, rounds, chunks) frontier, the best algorithm per size, and an MSCCL bundle.
 
-Thin: the search is :mod:`synth.pareto`, candidates :mod:`synth.candidates`, the per-size choice and the bundle
-:mod:`synth.sizeplan` / :mod:`synth.bundle`, workers :mod:`synth.workers`. Progress goes to stderr, tables (or
+Thin: the search is :mod:`synth.sweep.frontier`, candidates :mod:`synth.sweep.sources`, the per-size choice and the bundle
+:mod:`synth.sweep.sizes` / :mod:`synth.sweep.bundle`, workers :mod:`synth.sweep.workers`. Progress goes to stderr, tables (or
 ``--json``) to stdout. ``frontier.json`` is rewritten atomically after every instance, so Ctrl-C keeps what was
 found.
 """
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import click
 
-from ..collectives import COLLECTIVES, normalize_name
-from ..errors import NoSolutionError
-from ..units import format_size
-from ._common import is_tty, solver_options_for
+from synth.model.collectives import COLLECTIVES, normalize_name
+from synth.errors import NoSolutionError
+from synth.units import format_size
+from synth.cli._common import is_tty, solver_options_for
 
 _SIZES_HELP = ("Size range LOW:HIGH (nccl-tests' sizes, e.g. 1KB:1GB) for the per-size choice and the bundle; "
                "'none' stops after the step frontier.")
@@ -92,9 +92,9 @@ def _terminate_as_interrupt():
 
 
 def _limit_fn(collective, topology, root):
-    """Physical limit per size from synth.bounds when installed (None otherwise)."""
+    """Physical limit per size from synth.bounds.physical when installed (None otherwise)."""
     try:
-        from ..bounds import lower_bound
+        from synth.bounds.physical import lower_bound
     except ImportError:
         return lambda size: None
 
@@ -118,7 +118,7 @@ def _frontier_table(frontier) -> None:
 
 def _size_table(plan, algorithms) -> None:
     labels = {a.key: a.label for a in algorithms}
-    click.echo("\nBest algorithm per size (replayed alpha-beta time; limit from synth.bounds)")
+    click.echo("\nBest algorithm per size (replayed alpha-beta time; limit from synth.bounds.physical)")
     click.echo(f"  {'size':>7}  {'chosen':34} {'time_us':>12} {'algbw':>8}  {'best baseline':30} {'time_us':>12} "
                f"{'speedup':>7} {'%limit':>6}")
     for c in plan.choices:
@@ -160,9 +160,9 @@ def _size_table(plan, algorithms) -> None:
 @click.option("--size-factor", type=click.Choice(["2", "4"]), default="4", show_default=True,
               help="Sizes evaluated: LOW times powers of this factor.")
 @click.option("--baselines/--no-baselines", default=True, show_default=True,
-              help="Include NCCL-style baselines (synth.baselines) as candidates.")
+              help="Include NCCL-style baselines (synth.synthesis.baselines) as candidates.")
 @click.option("--alpha-beta/--no-alpha-beta", default=True, show_default=True,
-              help="Include an alpha-beta schedule synthesized at each size (synth.alphabeta) as candidates.")
+              help="Include an alpha-beta schedule synthesized at each size (synth.synthesis.alphabeta) as candidates.")
 @click.option("--method", default="auto", show_default=True, help="Alpha-beta formulation: auto, routed or timexp.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Directory for frontier.json, frontier.png/.svg, README.txt and the msccl/ bundle.")
@@ -189,13 +189,13 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
       synth pareto allgather --topology ndv2 --nodes 2 --sizes 1KB:1GB -o out/
       synth pareto alltoall --topology dgx1 --scheduler tcp://10.0.0.5:8786 -o out/
     """
-    from ..bundle import frontier_document, plan_bundle, readme_text, write_bundle, write_document
-    from ..candidates import collect_candidates
-    from ..pareto import Frontier, FrontierSearch, pareto_filter, plan_sweep
-    from ..sizeplan import parse_size_range, size_grid
-    from ..solve import SolverOptions
-    from ..topology import load_topology
-    from ..workers import open_executor
+    from synth.sweep.bundle import frontier_document, plan_bundle, readme_text, write_bundle, write_document
+    from synth.sweep.sources import collect_candidates
+    from synth.sweep.frontier import Frontier, FrontierSearch, pareto_filter, plan_sweep
+    from synth.sweep.sizes import parse_size_range, size_grid
+    from synth.solver.highs import SolverOptions
+    from synth.model.topology import load_topology
+    from synth.sweep.workers import open_executor
 
     if workers is not None and scheduler:
         raise click.UsageError("give --workers or --scheduler, not both")
@@ -267,7 +267,7 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
 
 
 def _plot(out_dir, plan, algorithms, name, topo, progress) -> None:
-    from .. import plot
+    from synth.sweep import plot
 
     if not plot.available():
         progress.note("no plot: matplotlib is not installed (pip install 'synth-collectives[plot]')")

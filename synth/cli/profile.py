@@ -6,7 +6,7 @@ import json
 
 import click
 
-from ._common import SynthGroup, echo_err
+from synth.cli._common import SynthGroup, echo_err
 
 
 @click.group(cls=SynthGroup)
@@ -28,8 +28,8 @@ def fit(files, test, ranks, min_bytes, max_bytes, as_json):
 
     sendrecv_perf is fitted to t = alpha + size/bw; all_reduce_perf on n ranks to NCCL's ring,
     t = 2(n-1) alpha + 2(n-1)/n size/bw (bw of one ring link)."""
-    from ..profile import fit_nccl_tests
-    from ..units import parse_size
+    from backends.nccl.nccl_tests import fit_nccl_tests
+    from synth.units import parse_size
 
     fits = fit_nccl_tests(files, test=None if test == "auto" else test, num_ranks=ranks,
                           min_bytes=parse_size(min_bytes, "--min-bytes") if min_bytes else 0,
@@ -56,10 +56,10 @@ def fit(files, test, ranks, min_bytes, max_bytes, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print every pair's measurements and fit as JSON on stdout.")
 def run(nprocs, backend, sizes, iters, output, name, as_json):
     """Measure latency and bandwidth between every pair of NPROCS local ranks and write a profiled topology."""
-    from ..profile_torch import profile_pairs
-    from ..torch_launch import require_torch
-    from ..units import parse_size
-    from ..fileio import write_atomic
+    from synth.runtime.p2p_profile import profile_pairs
+    from synth.runtime.launch import require_torch
+    from synth.units import parse_size
+    from synth.fileio import write_atomic
 
     require_torch("synth profile run")
     size_list = [parse_size(s.strip(), "--sizes") for s in sizes.split(",") if s.strip()]

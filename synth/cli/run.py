@@ -25,9 +25,9 @@ def run(file, nprocs, backend, seed, chunk_elements, timeout_s, root, as_json):
     """Run every algorithm in FILE (MSCCL XML) on NPROCS processes and compare each rank's output with the
     collective computed by torch from the same inputs. Exit 1 with an Error line naming the rank and chunk
     when any output is wrong, a message never arrives or the file cannot run."""
-    from ..run_torch import raise_on_failure, run_msccl_file
-    from ..torch_launch import require_torch
-    from ._common import echo_err
+    from synth.runtime.torch_run import raise_on_failure, run_msccl_file
+    from synth.runtime.launch import require_torch
+    from synth.cli._common import echo_err
 
     require_torch("synth run")
     reports = run_msccl_file(file, nprocs, backend=backend, seed=seed, chunk_elements=chunk_elements,

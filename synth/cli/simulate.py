@@ -7,11 +7,11 @@ from pathlib import Path
 
 import click
 
-from ..errors import InputError
-from ..fileio import write_atomic
-from ..topology import load_topology
-from ..units import format_size, parse_size
-from ._common import echo_err
+from synth.errors import InputError
+from synth.fileio import write_atomic
+from synth.model.topology import load_topology
+from synth.units import format_size, parse_size
+from synth.cli._common import echo_err
 
 MAX_SHOWN_FINDINGS = 3
 
@@ -33,8 +33,8 @@ MAX_SHOWN_FINDINGS = 3
               help="Write a Chrome/Perfetto trace of the (first) algorithm: one track per rank/tb and per link.")
 def simulate(file, topology_name, nodes, size, reduce_us_per_byte, alpha_occupies, as_json, trace_path):
     """Time the algorithm in FILE (MSCCL XML, or a synth schedule .json) on a topology at a size."""
-    from ..interpret import execute_program
-    from ..simulate import simulate_program, trace_document
+    from backends.msccl.interpret import execute_program
+    from backends.msccl.simulate import simulate_program, trace_document
 
     topology = load_topology(topology_name, nodes)
     size_bytes = parse_size(size)
@@ -58,13 +58,13 @@ def _load_programs(file: str, topology, size_bytes: int) -> list:
     if not path.is_file():
         raise InputError(file, "", "no such file")
     if path.suffix.lower() == ".json":
-        from backends.msccl_xml import lower_to_msccl
+        from backends.msccl.lowering import lower_to_msccl
 
-        from ..schedule import load_schedule
+        from synth.schedule.ir import load_schedule
 
         schedule = load_schedule(path)
         return [lower_to_msccl(schedule, topology, size_bytes=size_bytes, target="executor")]
-    from backends.msccl_parse import load_msccl_xml
+    from backends.msccl.parse import load_msccl_xml
 
     programs = load_msccl_xml(path)
     if not programs:

@@ -6,20 +6,20 @@ import json
 
 import click
 
-from ..choose import METHODS, candidates
-from ..collectives import COLLECTIVES, normalize_name
-from ..errors import BackendError, InputError
-from ..fileio import write_atomic
-from ..report import compare_with_limits
-from ..solve import SolverOptions
-from ..topology import load_topology
-from ..units import format_size, parse_size
-from ._common import echo_err, solver_options
+from synth.synthesis.select import METHODS, candidates
+from synth.model.collectives import COLLECTIVES, normalize_name
+from synth.errors import BackendError, InputError
+from synth.fileio import write_atomic
+from synth.synthesis.comparison import compare_with_limits
+from synth.solver.highs import SolverOptions
+from synth.model.topology import load_topology
+from synth.units import format_size, parse_size
+from synth.cli._common import echo_err, solver_options
 
 
 def _emit_first_accepted(choices, target, topo, size_bytes, **lower_options):
     """The fastest candidate whose MSCCL program the runtime accepts and the interpreter verifies."""
-    from ..emit import emit_verified_xml
+    from backends.msccl.writer import emit_verified_xml
 
     refusals = []
     for choice in choices:
@@ -105,8 +105,8 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
     if schedule_out:
         texts[schedule_out] = schedule.to_json() + "\n"
     if write_model:
-        from ..encode.steps import encode_steps
-        from ..solve import write_model as export_model
+        from synth.formulations.steps import encode_steps
+        from synth.solver.highs import write_model as export_model
 
         if schedule.collective.combining or schedule.method != "steps":
             raise InputError("--write-model", "", "model export covers the step formulation of non-combining "

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from ..topology import builtin_names, free_symmetry_group, load_topology
-from ._common import SynthGroup
+from synth.model.topology import builtin_names, free_symmetry_group, load_topology
+from synth.cli._common import SynthGroup
 
 
 @click.group(cls=SynthGroup)
@@ -59,10 +59,10 @@ def show(topology, nodes, as_json):
 @click.option("--name", default=None, help="Topology name (default: the first dump's file name).")
 def import_nccl(dumps, output, name):
     """Import NCCL topology dumps (NCCL_TOPO_DUMP_FILE), one per node, as a topology JSON file."""
-    from backends.nccl_topo import import_nccl_dumps
-    from ..topology import topology_from_dict
-    from ..fileio import write_atomic
-    from ._common import echo_err
+    from backends.nccl.topo_import import import_nccl_dumps
+    from synth.model.topology import topology_from_dict
+    from synth.fileio import write_atomic
+    from synth.cli._common import echo_err
 
     raw = import_nccl_dumps(list(dumps), name=name)
     t = topology_from_dict(raw, dumps[0])

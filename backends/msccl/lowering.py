@@ -1,0 +1,460 @@
+"""Lower a Schedule to an MSCCL program and render it as MSCCL XML (DESIGN section 7).
+
+Lowering, per rank:
+
+* every transfer becomes a send on the source and a receive on the destination, in the order of the schedule's
+  steps; partial sums of combining collectives accumulate in the chunk's output slot or in scratch, never in the
+  user's input;
+* a chunk that is received and then forwarded is one fused step (``rcs``, ``rrs`` or ``rrcs``) when the
+  receiving and the sending can share a threadblock: fused forwards are grouped into chains (the transfers of
+  one chunk linked by fusion), and each chain gets a channel on which, at every rank, a threadblock has one
+  receive peer and one send peer; plain sends and receives go on channel 0 (or join the chain's threadblock);
+* a step that reads data another threadblock wrote waits for it (``depid``/``deps``, the writer gets
+  ``hasdep=1``); several dependencies become ``nop`` steps in front of the step.
+
+``fuse=False`` gives the simplest program: one send threadblock per out-peer and one receive threadblock per
+in-peer, which is deadlock-free even with zero-buffer (rendezvous) sends.
+
+Rendering is a pure function through a jinja2 template; :func:`check_limits` refuses programs that break a
+runtime limit, naming it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import jinja2
+
+from synth.errors import BackendError
+from synth.fileio import write_atomic
+from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
+
+from backends.msccl.ir import (COLL_SPELLING, INT16_MAX, MAX_CHANNELS, MAX_CNT, MAX_DEPID, MAX_STEPS_EXECUTOR,
+                       MAX_STEPS_LEGACY, MAX_TBS_PER_CHANNEL_DIRECTION, Gpu, MscclProgram, Step, Threadblock)
+
+DEFAULT_MAX_BYTES = 1 << 40
+TARGETS = ("executor", "legacy")
+
+
+@dataclass
+class _Op:
+    """One step being built: a send, a receive, a fused receive+send, or a local copy."""
+
+    kind: str                      # s | r | rcs | rrs | rrc | rrcs | cpy
+    recv: Transfer | None
+    send: Transfer | None
+    src: tuple[str, int]
+    dst: tuple[str, int]
+    position: tuple
+    tb_key: tuple = ()
+    deps: tuple = ()               # ops this one must wait for
+    writes: bool = True
+
+
+def _position(step: int, phase: int, chunk: int, peer: int) -> tuple:
+    # Within a step, sends (phase 0) come before receives (phase 1): a threadblock never waits for data of a
+    # step before it has sent what that step needs from it.
+    return (step, phase, chunk, peer)
+
+
+class _RankPlan:
+    """Builds the ops of one rank from the transfers it takes part in."""
+
+    def __init__(self, rank: int, schedule: Schedule, layout):
+        self.rank = rank
+        self.coll = schedule.collective
+        self.layout = layout
+        self.ops: list[_Op] = []
+
+    def home(self, chunk: int) -> tuple[str, int]:
+        key = (self.rank, chunk)
+        if key in self.layout.slot:
+            return self.layout.slot[key]
+        return ("o", self.coll.chunks[chunk].output_index(self.rank))
+
+    def own_input(self, chunk: int) -> tuple[str, int] | None:
+        idx = self.coll.chunks[chunk].input_index(self.rank)
+        return None if idx is None else ("i", idx)
+
+
+def _plan_ops(schedule: Schedule, fuse: bool):
+    """Per-rank op lists with read/write slots, fused where a received chunk is forwarded."""
+    coll = schedule.collective
+    layout = buffer_layout(schedule)
+    plans = [_RankPlan(r, schedule, layout) for r in range(coll.num_ranks)]
+    ordered = schedule.ordered()
+    recvs_at = defaultdict(list)     # (rank, chunk) -> receives in order
+    sends_at = defaultdict(list)     # (rank, chunk) -> sends in order
+    for t in ordered:
+        recvs_at[(t.dst, t.chunk)].append(t)
+        sends_at[(t.src, t.chunk)].append(t)
+
+    fused_with: dict[Transfer, Transfer] = {}   # send -> the receive it is fused into
+    if fuse:
+        for (rank, chunk), sends in sends_at.items():
+            recvs = recvs_at.get((rank, chunk), [])
+            if not recvs:
+                continue
+            last = recvs[-1]
+            first_after = next((s for s in sends if s.step > last.step), None)
+            if first_after is not None and first_after.op == last.op:
+                fused_with[first_after] = last
+
+    for plan in plans:
+        r = plan.rank
+        touched = sorted({c for (rk, c) in list(recvs_at) + list(sends_at) if rk == r})
+        for chunk in touched:
+            recvs = recvs_at.get((r, chunk), [])
+            sends = sends_at.get((r, chunk), [])
+            home = plan.home(chunk)
+            own = plan.own_input(chunk)
+            fused_send = {v: k for k, v in fused_with.items() if k.src == r and k.chunk == chunk}
+            partial = own  # where this rank's current partial sum of a reduced chunk lives
+            for t in recvs:
+                send = fused_send.get(t)
+                reads_later = any(s.step > t.step and s is not send for s in sends)
+                if t.op == REDUCE and partial is not None:
+                    src = partial
+                    kind = "rrcs" if send and (reads_later or home[0] == "o") else ("rrs" if send else "rrc")
+                    if kind != "rrs":
+                        partial = home
+                else:
+                    src = home
+                    kind = "rcs" if send else "r"
+                    partial = home
+                op = _Op(kind, t, send, src, home, _position(t.step, 1, chunk, t.src), writes=kind != "rrs")
+                plan.ops.append(op)
+            fused = set(fused_send.values())
+            for s in sends:
+                if s in fused:
+                    continue
+                received = [t for t in recvs if t.step < s.step]
+                if s.op == REDUCE:
+                    src = home if any(t.op == REDUCE for t in received) else (own or home)
+                else:
+                    # a rank's own chunk that it also outputs is sent from the output copy (made first by a
+                    # cpy), so in-place runs never write the slot a send is reading
+                    outputs_here = coll.chunks[chunk].output_index(r) is not None
+                    src = home if received or own is None or outputs_here else own
+                plan.ops.append(_Op("s", None, s, src, src, _position(s.step, 0, chunk, s.dst), writes=False))
+            # out-of-place: a rank's own data that it must also output is copied from input to output
+            out = coll.chunks[chunk].output_index(r)
+            if own is not None and out is not None and not coll.combining and not recvs:
+                plan.ops.append(_Op("cpy", None, None, own, ("o", out), _position(-1, 0, chunk, r)))
+        for c in coll.chunks:  # chunks a rank holds and outputs but never moves (e.g. a gather root's own)
+            out = c.output_index(r)
+            own = c.input_index(r)
+            if out is not None and own is not None and c.id not in touched and not coll.combining:
+                plan.ops.append(_Op("cpy", None, None, ("i", own), ("o", out), _position(-1, 0, c.id, r)))
+    return plans, layout
+
+
+def _assign_threadblocks(plans, spread: dict | None = None) -> list:
+    """Give every op a threadblock key (chan, recv peer, send peer); returns fused ops that found no channel.
+
+    ``spread`` (plain lowering only) maps transfers to the channel they travel on, to split long connections.
+    """
+    # Chains of fused ops: follow each fused op's outgoing transfer to the op that receives it.
+    recv_op = {}
+    for plan in plans:
+        for op in plan.ops:
+            if op.recv is not None:
+                recv_op[op.recv] = op
+    channel_of: dict[int, int] = {}
+    unplaced: list[_Op] = []
+    used = defaultdict(dict)   # (rank, chan) -> {("in", peer) or ("out", peer): partner}
+    fused_ops = [op for plan in plans for op in plan.ops if op.recv is not None and op.send is not None]
+    fed_by_fused = {op.send for op in fused_ops}
+    heads = [op for op in fused_ops if op.recv not in fed_by_fused]
+    visited = set()
+    for start in sorted(heads, key=lambda o: (o.position, o.recv.dst)):
+        if id(start) in visited:
+            continue
+        chain = [start]
+        nxt = recv_op.get(start.send)
+        while nxt is not None and nxt.send is not None and id(nxt) not in visited and nxt not in chain:
+            chain.append(nxt)
+            nxt = recv_op.get(nxt.send)
+        for op in chain:
+            visited.add(id(op))
+        for ch in range(1, MAX_CHANNELS):
+            if all(_fits(used[(op.recv.dst, ch)], op.recv.src, op.send.dst) for op in chain):
+                for op in chain:
+                    slots = used[(op.recv.dst, ch)]
+                    slots[("in", op.recv.src)] = op.send.dst
+                    slots[("out", op.send.dst)] = op.recv.src
+                    channel_of[id(op)] = ch
+                break
+        else:
+            unplaced.extend(chain)   # no channel left: these are unfused by the caller
+    # Transfers carried on a fused channel must use that channel at their other end too.
+    transfer_chan = dict(spread or {})
+    for plan in plans:
+        for op in plan.ops:
+            ch = channel_of.get(id(op))
+            if ch:
+                transfer_chan[op.recv] = ch
+                transfer_chan[op.send] = ch
+    for plan in plans:
+        r = plan.rank
+        for op in plan.ops:
+            if op.kind == "cpy":
+                op.tb_key = (0, -1, -1)
+            elif op.recv is not None and op.send is not None:
+                op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
+            elif op.recv is not None:
+                ch = transfer_chan.get(op.recv, 0)
+                partner = used[(r, ch)].get(("in", op.recv.src), -1) if ch else -1
+                op.tb_key = (ch, op.recv.src, partner)
+            else:
+                ch = transfer_chan.get(op.send, 0)
+                partner = used[(r, ch)].get(("out", op.send.dst), -1) if ch else -1
+                op.tb_key = (ch, partner, op.send.dst)
+    return unplaced
+
+
+def _fits(slots: dict, u: int, w: int) -> bool:
+    return slots.get(("in", u), w) == w and slots.get(("out", w), u) == u
+
+
+def _unfuse(op: _Op, plan: _RankPlan) -> _Op:
+    """Split a fused op back into its receive; the send becomes a separate op (returned)."""
+    send = op.send
+    op.send = None
+    op.kind = {"rcs": "r", "rrcs": "rrc", "rrs": "rrc"}[op.kind]
+    op.writes = True
+    if op.dst[0] == "i":
+        op.dst = plan.home(send.chunk)
+    return _Op("s", None, send, op.dst, op.dst, _position(send.step, 0, send.chunk, send.dst), writes=False)
+
+
+def _connection_orders_agree(plans) -> list:
+    """Fused sends whose early position would reorder messages on their connection (to unfuse)."""
+    bad = []
+    sender_seq = defaultdict(list)
+    for plan in plans:
+        for op in plan.ops:
+            if op.send is not None:
+                sender_seq[(op.send.src, op.send.dst, op.tb_key[0])].append((op.position, op))
+    for key, items in sender_seq.items():
+        items.sort(key=lambda x: x[0])
+        last = None
+        for pos, op in sorted(items, key=lambda x: (x[1].send.step, x[1].send.chunk, x[1].send.src)):
+            if last is not None and pos < last:
+                bad.append(op)
+            else:
+                last = pos
+    return bad
+
+
+def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = None, target: str = "executor",
+                   proto: str = "Simple", name: str | None = None, min_bytes: int = 0,
+                   max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1) -> MscclProgram:
+    """Lower a verified Schedule to an MSCCL program (threadblocks, channels, steps, dependencies).
+
+    ``topology`` and ``size_bytes`` are accepted for a uniform backend signature; the program itself does not
+    depend on them (MSCCL selects it by size range through ``min_bytes``/``max_bytes``). ``channels`` > 1 (plain
+    lowering) sends the k-th message of every connection on channel ``k % channels``, so each threadblock holds
+    a share of a long connection's steps (the executor runs at most 64 per threadblock).
+    """
+    if target not in TARGETS:
+        raise BackendError(f"unknown target {target!r}; use executor or legacy")
+    plans, layout = _plan_ops(schedule, fuse)
+    spread = None if fuse or channels <= 1 else _spread_over_channels(schedule, channels)
+    for _ in range(8):
+        bad = _assign_threadblocks(plans, spread)
+        bad = bad or _connection_orders_agree(plans)
+        if not bad:
+            break
+        bad_ids = {id(b) for b in bad}
+        for plan in plans:
+            extra = [_unfuse(op, plan) for op in plan.ops if id(op) in bad_ids and op.recv is not None]
+            plan.ops.extend(extra)
+    else:
+        return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
+                              channels)
+    coll = schedule.collective
+    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, topology) for plan in plans]
+    nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
+    inplace = 0 if coll.name == "alltoall" else 1
+    return MscclProgram(
+        name=name or f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}",
+        proto=proto, nchannels=nchannels, nchunksperloop=coll.loop_chunks, ngpus=coll.num_ranks,
+        coll=COLL_SPELLING[target] if coll.name == "reducescatter" else coll.name, inplace=inplace,
+        outofplace=1, min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
+
+
+def _order_shared_ports(ops: list[_Op], topology) -> None:
+    """Sends leaving through one switch egress port (an NVSwitch port, a NIC) follow the schedule's order.
+
+    Sends to different peers live in different threadblocks, so nothing else in the XML says which goes first
+    on the shared port; without this the runtime (and the simulator) serve them in whatever order they become
+    ready, which can be far from the planned one.
+    """
+    previous = {}
+    for op in sorted((o for o in ops if o.send is not None), key=lambda o: o.position):
+        link = topology.link(op.send.src, op.send.dst)
+        if link is None or link.switch is None:
+            continue
+        port = (link.switch, link.egress_port)
+        before = previous.get(port)
+        if before is not None and before.tb_key != op.tb_key and before not in op.deps:
+            op.deps = tuple(d for d in op.deps if d.tb_key != before.tb_key) + (before,)
+        previous[port] = op
+
+
+def _spread_over_channels(schedule: Schedule, channels: int) -> dict:
+    """Channel of every transfer: its position on its connection, round robin (both ends see one order)."""
+    count = defaultdict(int)
+    chan = {}
+    for t in schedule.ordered():
+        chan[t] = count[(t.src, t.dst)] % channels
+        count[(t.src, t.dst)] += 1
+    return chan
+
+
+def channels_needed(program: MscclProgram, target: str = "executor") -> int:
+    """Channels a plain lowering needs so that no threadblock exceeds the target's steps limit."""
+    limit = MAX_STEPS_EXECUTOR if target == "executor" else MAX_STEPS_LEGACY
+    longest = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
+    return max(1, -(-longest // limit))
+
+
+def _memory_key(slot: tuple[str, int], coll, rank: int) -> tuple[str, int]:
+    """Where a slot lives when ``i`` and ``o`` alias (in-place), so aliased slots order like one."""
+    buf, idx = slot
+    return ("s", idx) if buf == "s" else ("io", coll.unified_index(rank, buf, idx))
+
+
+def _add_dependencies(ops: list[_Op], key) -> None:
+    """Each op waits for the last earlier writer of what it reads or writes (read/write-after-write) and, when
+    it writes, for the earlier readers since that writer (write-after-read), wherever they are in another tb."""
+    last_writer: dict = {}
+    readers_since: dict = defaultdict(list)
+    for op in sorted(ops, key=lambda o: o.position):
+        src, dst = key(op.src), key(op.dst)
+        deps = []
+        for slot in {src, dst} if op.writes else {src}:
+            if slot in last_writer:
+                deps.append(last_writer[slot])
+        if op.writes:
+            deps += readers_since[dst]
+        latest_per_tb = {}
+        for d in deps:   # within one tb, waiting for its latest op covers the earlier ones
+            if d.tb_key != op.tb_key and (d.tb_key not in latest_per_tb or
+                                          latest_per_tb[d.tb_key].position < d.position):
+                latest_per_tb[d.tb_key] = d
+        op.deps = tuple(latest_per_tb.values())
+        if op.writes:
+            last_writer[dst] = op
+            readers_since[dst] = []
+        if src != dst or not op.writes:
+            readers_since[src].append(op)
+
+
+def _emit_gpu(plan: _RankPlan, scratch: int, coll, topology=None) -> Gpu:
+    by_tb = defaultdict(list)
+    for op in plan.ops:
+        by_tb[op.tb_key].append(op)
+    keys = sorted(by_tb, key=lambda k: (k[0], k[1], k[2]))
+    tb_id = {k: i for i, k in enumerate(keys)}
+    for k in keys:
+        by_tb[k].sort(key=lambda o: o.position)
+    # Dependencies: an op reading or writing a slot waits for the last earlier writer of that slot in another tb.
+    where = {}
+    for k in keys:
+        for i, op in enumerate(by_tb[k]):
+            where[id(op)] = (k, i)
+    _add_dependencies(plan.ops, lambda slot: _memory_key(slot, coll, plan.rank))
+    if topology is not None:
+        _order_shared_ports(plan.ops, topology)
+    published = {id(d) for op in plan.ops for d in op.deps}
+    tbs = []
+    for k in keys:
+        steps = []
+        index_of = {}
+        for op in by_tb[k]:
+            dep_refs = [(tb_id[where[id(d)][0]], d) for d in op.deps]
+            for tb, d in dep_refs[:-1]:
+                steps.append(("nop", None, (tb, d)))
+            steps.append(("op", op, (dep_refs[-1][0], dep_refs[-1][1]) if dep_refs else None))
+        tbs.append((k, steps))
+    # second pass: step indices are final only now (nops shift them)
+    for k, steps in tbs:
+        for i, (kind, op, _) in enumerate(steps):
+            if kind == "op":
+                index_of[id(op)] = i
+    out_tbs = []
+    for k, steps in tbs:
+        chan, recv, send = k
+        emitted = []
+        for i, (kind, op, dep) in enumerate(steps):
+            depid, deps = (dep[0], index_of[id(dep[1])]) if dep else (-1, -1)
+            if kind == "nop":
+                emitted.append(Step(i, "nop", "i", 0, "o", 0, 1, depid, deps, 0))
+                continue
+            hasdep = 1 if id(op) in published else 0
+            (sb, so), (db, do) = op.src, op.dst
+            emitted.append(Step(i, op.kind, sb, so, db, do, 1, depid, deps, hasdep))
+        out_tbs.append(Threadblock(tb_id[k], send, recv, chan, tuple(emitted)))
+    return Gpu(plan.rank, coll.input_chunks, coll.output_chunks, scratch, tuple(out_tbs))
+
+
+# ----------------------------------------------------------------------------------------------- limits + render
+
+def check_limits(program: MscclProgram, target: str = "executor") -> list[str]:
+    """Runtime limits (DESIGN 7) this program breaks; empty when it loads on the target runtime."""
+    problems = []
+    max_steps = MAX_STEPS_EXECUTOR if target == "executor" else MAX_STEPS_LEGACY
+    if program.nchannels > MAX_CHANNELS:
+        problems.append(f"{program.nchannels} channels (limit {MAX_CHANNELS})")
+    for gpu in program.gpus:
+        per_channel = defaultdict(lambda: [0, 0])
+        if len(gpu.tbs) - 1 > MAX_DEPID:
+            problems.append(f"gpu {gpu.id}: {len(gpu.tbs)} threadblocks; depid would exceed {MAX_DEPID}")
+        for tb in gpu.tbs:
+            if len(tb.steps) > max_steps:
+                problems.append(f"gpu {gpu.id} tb {tb.id}: {len(tb.steps)} steps (limit {max_steps} for the "
+                                f"{target} runtime{'; rebuild the executor or use --target legacy' if target == 'executor' else ''})")
+            if tb.send >= 0:
+                per_channel[tb.chan][0] += 1
+            if tb.recv >= 0:
+                per_channel[tb.chan][1] += 1
+            for st in tb.steps:
+                if not 1 <= st.cnt <= MAX_CNT:
+                    problems.append(f"gpu {gpu.id} tb {tb.id} step {st.s}: cnt {st.cnt} outside 1..{MAX_CNT}")
+                if max(st.srcoff, st.dstoff) > INT16_MAX:
+                    problems.append(f"gpu {gpu.id} tb {tb.id} step {st.s}: offset does not fit int16")
+        for chan, (nsend, nrecv) in per_channel.items():
+            if nsend > MAX_TBS_PER_CHANNEL_DIRECTION or nrecv > MAX_TBS_PER_CHANNEL_DIRECTION:
+                problems.append(f"gpu {gpu.id} channel {chan}: {nsend} sending / {nrecv} receiving threadblocks "
+                                f"(limit {MAX_TBS_PER_CHANNEL_DIRECTION})")
+    return problems
+
+
+_ENV = jinja2.Environment(loader=jinja2.PackageLoader("backends.msccl", "templates"), undefined=jinja2.StrictUndefined,
+                          autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+
+
+def render_msccl_xml(program: MscclProgram) -> str:
+    """The program as MSCCL XML text (no prolog, two-space indentation, each element on one line)."""
+    return _ENV.get_template("msccl.xml.j2").render(algo=program)
+
+
+def schedule_to_msccl_xml(schedule: Schedule, target: str = "executor", **kwargs) -> str:
+    """Lower, check limits (raising BackendError naming the limit) and render."""
+    program = lower_to_msccl(schedule, target=target, **kwargs)
+    problems = check_limits(program, target)
+    if problems:
+        raise BackendError("refusing to write MSCCL XML that breaks a runtime limit: " + "; ".join(problems[:3]))
+    return render_msccl_xml(program)
+
+
+def write_msccl_xml(schedule: Schedule, topology, path, size_bytes: int | None = None, target: str = "executor",
+                    **kwargs) -> str:
+    """Write the schedule's MSCCL XML atomically to ``path``; returns the text."""
+    text = schedule_to_msccl_xml(schedule, target=target, **kwargs)
+    write_atomic(Path(path), text)
+    return text

@@ -1,0 +1,384 @@
+"""Parse MSCCL XML algorithm files (legacy and executor format) into :class:`~backends.msccl.ir.MscclProgram`.
+
+The input is untrusted (DESIGN section 11): files come from other tools and from strangers. So the parser
+
+- goes through defusedxml's expat reader with DTDs, entity declarations and external references refused;
+- bounds what a file may make us allocate (ranks, threadblocks, steps, chunks) *before* allocating it;
+- never evaluates anything: integers are matched against ``-?[0-9]+`` before ``int()``;
+- ends every input in either a result or an :class:`XmlError` (an :class:`~synth.errors.InputError`) whose
+  message reads ``<file>:<line>: <problem>``.
+
+It is tolerant of what real files contain: several ``<algo>`` documents in one file, elements it does not know
+(skipped with a warning note), trailing text after ``</algo>``, a leading ``<?xml ...?>`` prolog (the runtimes
+refuse it; :func:`backends.msccl.lint.lint_text` says so). It is strict about structure: wrong nesting, missing or
+non-integer attributes, unknown step types, buffers, protocols or collectives are errors.
+
+The legacy format (MSCCL on NCCL 2.12) lacks ``minBytes``/``maxBytes``/``outofplace``; they parse as None.
+Runtime limits (64 steps per threadblock, 32 channels, ...) are *not* enforced here: that is the linter's job,
+so one file can be checked against either runtime.
+
+>>> text = '''<algo name="copy" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="1" coll="allreduce"
+... inplace="1"><gpu id="0" i_chunks="1" o_chunks="0" s_chunks="0"><tb id="0" send="-1" recv="-1" chan="0">
+... <step s="0" type="nop" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
+... </tb></gpu></algo>'''
+>>> [(p.ngpus, p.coll, p.outofplace) for p in parse_msccl_xml(text, "copy.xml")]
+[(1, 'allreduce', None)]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from xml.sax import SAXParseException
+from xml.sax.expatreader import ExpatLocator
+from xml.sax.handler import ContentHandler
+
+from defusedxml import DefusedXmlException
+from defusedxml.expatreader import DefusedExpatParser
+
+from synth.errors import InputError
+from backends.msccl.findings import Finding
+
+from backends.msccl.ir import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, MscclProgram, Step, Threadblock
+
+# Allocation bounds (DESIGN section 11). Real algorithms are far below them; a file beyond them is refused
+# before we build anything proportional to it.
+MAX_TEXT_CHARS = 1 << 28          # 256 Mi characters of XML
+MAX_ALGOS = 1024                  # <algo> documents per file
+MAX_GPUS = 4096                   # ngpus per algo
+MAX_PARSED_CHANNELS = 4096        # nchannels per algo (the runtimes allow 32; the linter reports that)
+MAX_CHUNKS = 1 << 20              # nchunksperloop, i/o/s_chunks of one buffer, cnt of one step
+MAX_TOTAL_CHUNKS = 1 << 22        # sum of i/o/s_chunks over all GPUs of one algo
+MAX_TBS = 1 << 20                 # threadblocks per file
+MAX_STEPS = 2_000_000             # steps per file
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+
+# The collectives MSCCL knows, in either runtime's spelling (DESIGN section 7).
+KNOWN_COLLS = ("allgather", "allreduce", "alltoall", "broadcast", "reduce", "gather", "scatter",
+               "reducescatter", "reduce_scatter")
+
+_INT_RE = re.compile(r"-?[0-9]{1,19}")
+_WRAPPER = "synth-msccl-file"     # synthetic root: lets one file hold several <algo> documents
+_PROLOG_RE = re.compile(r"\A\ufeff?\s*<\?xml[^>]*\?>")
+_DTD_RE = re.compile(r"<!(DOCTYPE|ENTITY)")
+
+# element -> (required attributes, optional attributes); the parent each element must sit in.
+_ALGO_REQUIRED = ("proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace")
+_ALGO_OPTIONAL = ("name", "outofplace", "minBytes", "maxBytes")
+_GPU_REQUIRED = ("id", "i_chunks", "o_chunks", "s_chunks")
+_TB_REQUIRED = ("id", "send", "recv", "chan")
+_STEP_REQUIRED = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
+_REQUIRED = {"algo": _ALGO_REQUIRED, "gpu": _GPU_REQUIRED, "tb": _TB_REQUIRED, "step": _STEP_REQUIRED}
+_ATTRIBUTES = {**_REQUIRED, "algo": _ALGO_REQUIRED + _ALGO_OPTIONAL}
+_PARENT = {"algo": "root", "gpu": "algo", "tb": "gpu", "step": "tb"}
+
+
+class XmlError(InputError):
+    """A malformed MSCCL XML file. ``str(exc)`` is exactly ``"{file}:{line}: {problem}"``."""
+
+    def __init__(self, file: str, line: int, problem: str):
+        super().__init__(f"{file}:{line}", "", problem)
+        self.file = file
+        self.line = line
+
+
+@dataclass(frozen=True)
+class MscclDocument:
+    """Everything one file holds: its algorithms, plus notes (warnings) about what the parser skipped."""
+
+    source: str
+    programs: tuple[MscclProgram, ...]
+    notes: tuple[Finding, ...] = ()
+
+
+def parse_msccl_xml(text: str, source: str) -> list[MscclProgram]:
+    """Parse MSCCL XML text into one program per ``<algo>`` element.
+
+    Parameters
+    ----------
+    text : str
+        The file's content.
+    source : str
+        The name used in error messages (usually the path).
+
+    Raises
+    ------
+    XmlError
+        (an InputError) for any malformed input, with message ``"{source}:{line}: {problem}"``.
+    """
+    return list(parse_msccl_document(text, source).programs)
+
+
+def load_msccl_xml(path: str | os.PathLike) -> list[MscclProgram]:
+    """Read and parse an MSCCL XML file; see :func:`parse_msccl_xml`."""
+    return parse_msccl_xml(read_xml_text(path), str(path))
+
+
+def load_msccl_document(path: str | os.PathLike) -> MscclDocument:
+    """Read and parse an MSCCL XML file, keeping the parser's notes; see :func:`parse_msccl_document`."""
+    return parse_msccl_document(read_xml_text(path), str(path))
+
+
+def read_xml_text(path: str | os.PathLike) -> str:
+    """Read a file as UTF-8 text, refusing files over :data:`MAX_TEXT_CHARS` bytes before reading them."""
+    source = str(path)
+    try:
+        size = Path(path).stat().st_size
+        if size > MAX_TEXT_CHARS:
+            raise XmlError(source, 1, f"file is {size} bytes; at most {MAX_TEXT_CHARS} are accepted")
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise InputError(source, "", f"cannot read the file ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise XmlError(source, line, "the file is not UTF-8 text") from None
+
+
+def parse_msccl_document(text: str, source: str) -> MscclDocument:
+    """Parse MSCCL XML text into a :class:`MscclDocument` (programs plus notes about skipped content).
+
+    Notes are warning :class:`~backends.msccl.findings.Finding` objects of kind ``unknown-element`` or
+    ``unknown-attribute``: the runtimes ignore such content, so it is not an error, but it is worth seeing.
+    """
+    if not isinstance(text, str):
+        raise XmlError(source, 1, "expected text, got binary data")
+    if len(text) > MAX_TEXT_CHARS:
+        raise XmlError(source, 1, f"input is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted")
+    body = _blank_prolog(text).replace("\r\n", "\n").replace("\r", "\n")  # XML's line-end rule, our line count
+    dtd = _DTD_RE.search(body)
+    if dtd:
+        raise XmlError(source, _line_at(body, dtd.start()),
+                       "DTDs and entity declarations are refused (untrusted input)")
+    try:
+        data = (f"<{_WRAPPER}>" + body + f"</{_WRAPPER}>").encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise XmlError(source, _line_at(body, exc.start), "text contains a lone surrogate character") from None
+    handler = _Handler(source)
+    reader = DefusedExpatParser(forbid_dtd=True, forbid_entities=True, forbid_external=True)
+    reader.setContentHandler(handler)
+    handler.setDocumentLocator(ExpatLocator(reader))  # only parse() sets it; we feed() to bound the input
+    try:
+        reader.feed(data)
+        reader.close()
+    except SAXParseException as exc:
+        raise _syntax_error(source, body, exc, handler) from None
+    except DefusedXmlException:
+        raise XmlError(source, handler.line(), "DTDs and entities are refused (untrusted input)") from None
+    if not handler.programs:
+        raise XmlError(source, 1, "no <algo> element found; this is not an MSCCL algorithm file")
+    return MscclDocument(source, tuple(handler.programs), tuple(handler.notes()))
+
+
+def _blank_prolog(text: str) -> str:
+    """Replace a leading ``<?xml ...?>`` prolog (and byte-order mark) by spaces, keeping line numbers.
+
+    The wrapper root we add would otherwise put the prolog mid-document, which expat refuses.
+    """
+    match = _PROLOG_RE.match(text)
+    if not match:
+        return text
+    return re.sub(r"[^\n]", " ", match.group()) + text[match.end():]
+
+
+def _line_at(text: str, index: int) -> int:
+    return text.count("\n", 0, index) + 1
+
+
+def _syntax_error(source: str, body: str, exc: SAXParseException, handler: _Handler) -> XmlError:
+    """Translate expat's complaint; an error at the very end means the file is truncated."""
+    line = exc.getLineNumber() or 1
+    column = exc.getColumnNumber() or 0
+    last_line = body.count("\n") + 1
+    end_column = len(body) - (body.rfind("\n") + 1) + (len(_WRAPPER) + 2 if last_line == 1 else 0)
+    at_end = line > last_line or (line == last_line and column >= end_column)
+    if at_end and handler.open_elements():
+        tag, opened = handler.open_elements()[-1]
+        return XmlError(source, last_line, f"file ends inside <{tag}> opened at line {opened} (truncated file?)")
+    if at_end:
+        return XmlError(source, last_line, f"unexpected end of file ({exc.getMessage()}; truncated file?)")
+    return XmlError(source, min(line, last_line), f"malformed XML: {exc.getMessage()}")
+
+
+@dataclass
+class _Frame:
+    """An open element while parsing. ``children`` collects the finished children of algo/gpu/tb."""
+
+    tag: str
+    kind: str                      # root, algo, gpu, tb, step, unknown
+    line: int
+    attrs: dict = field(default_factory=dict)
+    children: list = field(default_factory=list)
+
+
+class _Handler(ContentHandler):
+    """SAX handler building frozen programs bottom-up; counts are checked before anything grows."""
+
+    def __init__(self, source: str):
+        super().__init__()
+        self.source = source
+        self.programs: list[MscclProgram] = []
+        self._stack: list[_Frame] = []
+        self._unknown: dict[tuple[str, str], list[int]] = {}   # (tag, attr or "") -> [first line, count]
+        self._tbs = 0
+        self._steps = 0
+        self._chunks = 0
+
+    # --- position and notes -------------------------------------------------------------------------------
+    def line(self) -> int:
+        locator = self._locator
+        return (locator.getLineNumber() if locator is not None else None) or 1
+
+    def open_elements(self) -> list[tuple[str, int]]:
+        return [(f.tag, f.line) for f in self._stack if f.kind != "root"]
+
+    def notes(self) -> list[Finding]:
+        out = []
+        for (tag, attr), (first, count) in self._unknown.items():
+            times = f" ({count} times, first at line {first})" if count > 1 else ""
+            if attr:
+                out.append(Finding("unknown-attribute", f"attribute {attr!r} of <{tag}> is not MSCCL; "
+                                   f"ignored{times}", "warning", line=first))
+            else:
+                out.append(Finding("unknown-element", f"element <{tag}> is not MSCCL; ignored with its "
+                                   f"content{times}", "warning", line=first))
+        return out
+
+    def _note(self, tag: str, attr: str, line: int) -> None:
+        entry = self._unknown.setdefault((tag, attr), [line, 0])
+        entry[1] += 1
+
+    def _fail(self, problem: str, line: int | None = None):
+        raise XmlError(self.source, line or self.line(), problem)
+
+    # --- SAX events ---------------------------------------------------------------------------------------
+    def startElement(self, name, attrs):
+        line = self.line()
+        if not self._stack:
+            self._stack.append(_Frame(name, "root", line))
+            return
+        parent = self._stack[-1]
+        if parent.kind == "unknown" or name not in _PARENT:
+            if name in _PARENT:
+                self._fail(f"<{name}> is inside <{parent.tag}> (line {parent.line}), which is not MSCCL")
+            if parent.kind != "unknown":
+                self._note(name, "", line)
+            self._stack.append(_Frame(name, "unknown", line))
+            return
+        if parent.kind != _PARENT[name]:
+            where = "at top level" if parent.kind == "root" else f"inside <{parent.tag}> (line {parent.line})"
+            wanted = "at top level" if _PARENT[name] == "root" else f"inside <{_PARENT[name]}>"
+            self._fail(f"<{name}> must be {wanted}, not {where}")
+        values = self._attributes(name, dict(attrs.items()), line)
+        if name == "step":
+            self._count_step()
+            parent.children.append(self._step(values, line))
+        self._stack.append(_Frame(name, name, line, values))
+
+    def endElement(self, name):
+        frame = self._stack.pop()
+        if frame.kind in ("root", "unknown", "step"):
+            return
+        parent = self._stack[-1]
+        if frame.kind == "tb":
+            parent.children.append(Threadblock(frame.attrs["id"], frame.attrs["send"], frame.attrs["recv"],
+                                               frame.attrs["chan"], tuple(frame.children), frame.line))
+        elif frame.kind == "gpu":
+            a = frame.attrs
+            parent.children.append(Gpu(a["id"], a["i_chunks"], a["o_chunks"], a["s_chunks"],
+                                       tuple(frame.children), frame.line))
+        else:
+            self.programs.append(self._program(frame))
+
+    # --- element builders ---------------------------------------------------------------------------------
+    def _attributes(self, tag: str, raw: dict, line: int) -> dict:
+        """Check presence and types of an element's attributes; return them converted."""
+        known = _ATTRIBUTES[tag]
+        for attr in raw:
+            if attr not in known:
+                self._note(tag, attr, line)
+        missing = [a for a in _REQUIRED[tag] if a not in raw]
+        if missing:
+            self._fail(f"<{tag}> lacks required attribute{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+        converter = {"algo": self._algo_values, "gpu": self._gpu_values, "tb": self._tb_values,
+                     "step": self._step_values}[tag]
+        return converter(tag, raw)
+
+    def _int(self, tag: str, raw: dict, attr: str, low: int = INT32_MIN, high: int = INT32_MAX) -> int:
+        text = raw[attr]
+        if not _INT_RE.fullmatch(text):
+            self._fail(f"<{tag}> attribute {attr}={_show(text)} is not an integer")
+        value = int(text)
+        if not low <= value <= high:
+            self._fail(f"<{tag}> attribute {attr}={value} is out of range {low}..{high}")
+        return value
+
+    def _algo_values(self, tag: str, raw: dict) -> dict:
+        if len(self.programs) >= MAX_ALGOS:
+            self._fail(f"more than {MAX_ALGOS} <algo> documents in one file")
+        if raw["proto"] not in PROTOCOLS:
+            self._fail(f"<algo> proto={_show(raw['proto'])} is unknown; use one of {', '.join(PROTOCOLS)}")
+        if raw["coll"] not in KNOWN_COLLS:
+            self._fail(f"<algo> coll={_show(raw['coll'])} is unknown; use one of {', '.join(KNOWN_COLLS)}")
+        optional = {a: self._int(tag, raw, a, 0 if a == "outofplace" else -INT64_MAX, INT64_MAX)
+                    if a in raw else None for a in ("outofplace", "minBytes", "maxBytes")}
+        return {"name": raw.get("name", ""), "proto": raw["proto"], "coll": raw["coll"],
+                "ngpus": self._int(tag, raw, "ngpus", 1, MAX_GPUS),
+                "nchannels": self._int(tag, raw, "nchannels", 1, MAX_PARSED_CHANNELS),
+                "nchunksperloop": self._int(tag, raw, "nchunksperloop", 1, MAX_CHUNKS),
+                "inplace": self._int(tag, raw, "inplace", 0, INT32_MAX), **optional}
+
+    def _gpu_values(self, tag: str, raw: dict) -> dict:
+        algo = self._stack[-1]
+        if len(algo.children) >= algo.attrs["ngpus"]:
+            self._fail(f"more <gpu> elements than ngpus={algo.attrs['ngpus']}")
+        values = {"id": self._int(tag, raw, "id")}
+        for attr in ("i_chunks", "o_chunks", "s_chunks"):
+            values[attr] = self._int(tag, raw, attr, 0, MAX_CHUNKS)
+            self._chunks += values[attr]
+        if self._chunks > MAX_TOTAL_CHUNKS:
+            self._fail(f"the buffers of this file's GPUs add up to more than {MAX_TOTAL_CHUNKS} chunks")
+        return values
+
+    def _tb_values(self, tag: str, raw: dict) -> dict:
+        self._tbs += 1
+        if self._tbs > MAX_TBS:
+            self._fail(f"more than {MAX_TBS} threadblocks in one file")
+        return {a: self._int(tag, raw, a) for a in _TB_REQUIRED}
+
+    def _step_values(self, tag: str, raw: dict) -> dict:
+        if raw["type"] not in STEP_TYPES:
+            self._fail(f"<step> type={_show(raw['type'])} is unknown; use one of {', '.join(STEP_TYPES)}")
+        for attr in ("srcbuf", "dstbuf"):
+            if raw[attr] not in BUFFERS:
+                self._fail(f"<step> {attr}={_show(raw[attr])} is unknown; use one of {', '.join(BUFFERS)}")
+        values = {a: self._int(tag, raw, a) for a in ("s", "srcoff", "dstoff", "depid", "deps", "hasdep")}
+        values["cnt"] = self._int(tag, raw, "cnt", INT32_MIN, MAX_CHUNKS)
+        values.update(type=raw["type"], srcbuf=raw["srcbuf"], dstbuf=raw["dstbuf"])
+        return values
+
+    def _count_step(self) -> None:
+        self._steps += 1
+        if self._steps > MAX_STEPS:
+            self._fail(f"more than {MAX_STEPS} steps in one file")
+
+    @staticmethod
+    def _step(v: dict, line: int) -> Step:
+        return Step(v["s"], v["type"], v["srcbuf"], v["srcoff"], v["dstbuf"], v["dstoff"], v["cnt"],
+                    v["depid"], v["deps"], v["hasdep"], line)
+
+    @staticmethod
+    def _program(frame: _Frame) -> MscclProgram:
+        a = frame.attrs
+        return MscclProgram(a["name"], a["proto"], a["nchannels"], a["nchunksperloop"], a["ngpus"], a["coll"],
+                            a["inplace"], a["outofplace"], a["minBytes"], a["maxBytes"], tuple(frame.children),
+                            frame.line)
+
+
+def _show(value: str, limit: int = 40) -> str:
+    """Quote an attribute value for a message, shortened: values come from untrusted files."""
+    return repr(value if len(value) <= limit else value[:limit] + "...")

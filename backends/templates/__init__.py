@@ -1,1 +1,0 @@
-"""jinja2 templates used by the backends."""

@@ -1,0 +1,395 @@
+"""Lower bounds on collective time ("the physical limit", DESIGN section 5).
+
+Two bounds, both in microseconds:
+
+- **bandwidth**: the time the links and switch ports need to carry what must cross every cut, computed from a
+  flow network of the topology (below) with fluid (arbitrarily divisible) data;
+- **latency**: the alpha-weighted diameter, the largest over the rank pairs that must communicate of the
+  shortest alpha path; ``hops`` is the same in hops.
+
+``limit_us`` is the larger of the two. Sizes follow nccl-tests (DESIGN section 4): Allgather ``size_bytes`` is
+the output buffer, ReduceScatter the input buffer, Allreduce/Broadcast/Reduce the buffer, Alltoall the per-rank
+send buffer, Gather the root's output buffer and Scatter the root's input buffer. Bandwidths are GB/s = 1e3
+bytes per microsecond, so a "1 GB" figure depends on whether 1e9 or 2**30 bytes is meant (the TE-CCL limits in
+DESIGN section 9 use 1e9).
+
+Flow network: one node per rank and one capacity per directed link (``lanes * bw_GBps``). A switch is modelled
+by its ports: the ranks on a port feed an egress node whose throughput is the port's egress bandwidth, and an
+ingress node of the same kind feeds them; egress nodes reach the ingress nodes of the other ports. Pairs that
+have both a direct link and a path through a switch keep both paths here (the topology keeps only the direct
+link), which can only lower the bound, so it stays valid.
+
+Per collective:
+
+- Allgather: for every sink rank, a super-source feeding each rank its shard (M/N) must push M into the sink
+  when links carry ``T * bandwidth``; the smallest such T is found exactly by a parametric (Newton) search over
+  min cuts instead of bisection. This equals the cut bound ``(M/N) * max_S |S| / bw(S -> not S)`` and is
+  attained by spanning-tree packing.
+- ReduceScatter: Allgather on the reversed network. Allreduce: ReduceScatter + Allgather.
+- Broadcast (Reduce): ``M / min_t maxflow(root -> t)`` (on the reversed network).
+- Scatter (Gather): the parametric search from the root (to the root, on the reversed network).
+- Alltoall: the maximum concurrent flow LP (one commodity per source rank), solved with HiGHS.
+
+>>> from synth.model.topology import load_topology
+>>> b = lower_bound("allgather", load_topology("ring-4"), 4_000_000)
+>>> round(b.bandwidth_us, 3), b.latency_us, b.hops, b.binding
+(60.0, 1.4, 2, 'bandwidth')
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import networkx as nx
+import numpy as np
+
+from synth.model.collectives import make_collective, normalize_name
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.errors import InputError, SolverError
+from synth.solver.highs import INFEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
+from synth.model.topology import Topology
+
+_SOURCE = "super-source"
+_REL_TOL = 1e-9
+_MAX_NEWTON = 100
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Lower bounds for one collective at one size on one topology.
+
+    Attributes
+    ----------
+    bandwidth_us : float
+        Bandwidth bound in microseconds (fluid data; links and switch ports at full rate).
+    latency_us : float
+        Alpha-weighted diameter over the rank pairs the collective connects, microseconds.
+    limit_us : float
+        ``max(bandwidth_us, latency_us)``.
+    binding : str
+        ``"bandwidth"`` or ``"latency"``: which bound gives ``limit_us``.
+    hops : int
+        Hop diameter over the same pairs (a lower bound on the number of steps).
+    chunk_path_us : float
+        For schedules that move whole chunks (``chunks_per_rank`` per rank), the slowest store-and-forward
+        path of one chunk (alpha plus chunk bytes / bandwidth per hop); informative, not part of ``limit_us``.
+    """
+
+    collective: str
+    topology: str
+    size_bytes: int
+    bandwidth_us: float
+    latency_us: float
+    limit_us: float
+    binding: str
+    hops: int
+    chunk_path_us: float
+    method: str
+
+    @property
+    def algbw_GBps(self) -> float:
+        """nccl-tests' algorithm bandwidth at the limit, GB/s."""
+        return self.size_bytes / (self.limit_us * BYTES_PER_US_PER_GBPS) if self.limit_us > 0 else math.inf
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["algbw_GBps"] = self.algbw_GBps
+        return out
+
+
+def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chunks_per_rank: int = 1,
+                root: int | None = None) -> Bound:
+    """Bandwidth and latency lower bounds of a collective at ``size_bytes`` (nccl-tests' size) in microseconds.
+
+    Parameters
+    ----------
+    collective_name : str
+        Any name :func:`synth.model.collectives.normalize_name` accepts.
+    topology : Topology
+    size_bytes : float
+        nccl-tests' size in bytes (DESIGN section 4).
+    chunks_per_rank : int
+        Only used for ``chunk_path_us``.
+    root : int, optional
+        Root of Broadcast, Reduce, Gather, Scatter (default 0).
+
+    Raises
+    ------
+    InputError
+        Unknown collective, bad root or size, or a topology where some rank cannot reach another.
+    """
+    name = normalize_name(collective_name)
+    if size_bytes <= 0:
+        raise InputError("--size", "", f"size must be positive, got {size_bytes!r}")
+    coll = make_collective(name, topology.num_ranks, chunks_per_rank, root)
+    bw_us, method = bandwidth_bound_us(name, topology, size_bytes, coll.root)
+    pairs = _relevant_pairs(name, topology.num_ranks, coll.root)
+    latency_us, hops = _diameters(topology, pairs)
+    chunk_us = _chunk_path_us(topology, pairs, coll.chunk_bytes(size_bytes))
+    limit = max(bw_us, latency_us)
+    binding = "bandwidth" if bw_us >= latency_us else "latency"
+    return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, limit, binding, hops, chunk_us, method)
+
+
+def bandwidth_bound_us(collective_name: str, topology: Topology, size_bytes: float,
+                       root: int | None = None) -> tuple[float, str]:
+    """The bandwidth bound alone, microseconds, and a short description of how it was computed."""
+    name = normalize_name(collective_name)
+    n = topology.num_ranks
+    root = 0 if root is None else root
+    net = flow_network(topology)
+    sym = topology.symmetries
+    if name == "allgather":
+        return _shards_time(allgather_units(net, n, sym), size_bytes / n), "max-flow"
+    if name == "reducescatter":
+        return _shards_time(allgather_units(net.reverse(copy=True), n, sym), size_bytes / n), \
+            "max-flow (reversed)"
+    if name == "allreduce":
+        units = allgather_units(net, n, sym) + allgather_units(net.reverse(copy=True), n, sym)
+        return _shards_time(units, size_bytes / n), "max-flow (reduce-scatter + allgather)"
+    if name == "broadcast":
+        return _shards_time(broadcast_units(net, n, root), size_bytes), "max-flow"
+    if name == "reduce":
+        return _shards_time(broadcast_units(net.reverse(copy=True), n, root), size_bytes), "max-flow (reversed)"
+    if name == "scatter":
+        return _shards_time(scatter_units(net, n, root), size_bytes / n), "max-flow"
+    if name == "gather":
+        return _shards_time(scatter_units(net.reverse(copy=True), n, root), size_bytes / n), \
+            "max-flow (reversed)"
+    return _shards_time(alltoall_units(net, n), size_bytes / n), "concurrent-flow LP"
+
+
+def _shards_time(units: float, unit_bytes: float) -> float:
+    """Time in us when ``units`` is a time per (unit of data / GB/s) and a unit holds ``unit_bytes``."""
+    return units * unit_bytes / BYTES_PER_US_PER_GBPS
+
+
+# ----------------------------------------------------------------------------------------------- flow network
+
+def flow_network(topology: Topology) -> nx.DiGraph:
+    """The topology as a flow network: edges with ``slope`` (GB/s) are capacitated, edges without are unlimited.
+
+    Nodes are the ranks (ints) and, per switch port, ``("egress"|"egress-out"|"ingress"|"ingress-out", switch,
+    port)``. A switch whose ports each serve one rank gets one ``("hub", switch)`` node between its egress and
+    ingress nodes (a path back to the same port would be a cycle, which no flow needs); a switch with shared
+    ports (a NIC) links every egress node to every other port's ingress node, so ranks on one port cannot
+    reach each other through it.
+    """
+    g = nx.DiGraph()
+    g.add_nodes_from(range(topology.num_ranks))
+    for link in topology.links:
+        if link.switch is None:
+            _add_capacity(g, link.src, link.dst, link.capacity_GBps)
+    for sw in topology.switches:
+        shared = any(len(p.ranks) > 1 for p in sw.ports)
+        for p, port in enumerate(sw.ports):
+            eg, eg_out = ("egress", sw.name, p), ("egress-out", sw.name, p)
+            ing, ing_out = ("ingress", sw.name, p), ("ingress-out", sw.name, p)
+            _add_capacity(g, eg, eg_out, port.egress_GBps)
+            _add_capacity(g, ing, ing_out, port.ingress_GBps)
+            for r in port.ranks:
+                g.add_edge(r, eg)
+                g.add_edge(ing_out, r)
+            if not shared:
+                g.add_edge(eg_out, ("hub", sw.name))
+                g.add_edge(("hub", sw.name), ing)
+        if shared:
+            for p in range(len(sw.ports)):
+                for q in range(len(sw.ports)):
+                    if p != q:
+                        g.add_edge(("egress-out", sw.name, p), ("ingress", sw.name, q))
+    return g
+
+
+def _add_capacity(g: nx.DiGraph, u, v, slope_GBps: float) -> None:
+    if g.has_edge(u, v) and "slope" in g[u][v]:
+        g[u][v]["slope"] += slope_GBps
+    else:
+        g.add_edge(u, v, slope=slope_GBps)
+
+
+def _rank_orbits(n: int, symmetries) -> list[int]:
+    """One representative rank per orbit of the declared symmetries (all ranks when there are none)."""
+    parent = list(range(n))
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for perm in symmetries:
+        for r in range(n):
+            a, b = find(r), find(perm[r])
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return sorted({find(r) for r in range(n)})
+
+
+def _parametric_time(net: nx.DiGraph, supplies: dict, sink, demand: float) -> float:
+    """Smallest T such that the super-source can push ``demand`` into ``sink`` when capacitated edges carry
+    ``T * slope`` and the super-source edge into node v carries ``supplies[v]``.
+
+    Max flow is a concave piecewise-linear function of T (a minimum over cuts of ``A + T * B``), so Newton's
+    method from T = 0 climbs through the cut lines and stops exactly at the answer. Returns ``inf`` when no T
+    suffices (the sink cannot be reached).
+    """
+    g = net.copy()
+    for v, amount in supplies.items():
+        g.add_edge(_SOURCE, v, const=amount)
+    t = 0.0
+    for _ in range(_MAX_NEWTON):
+        for _, _, d in g.edges(data=True):
+            if "slope" in d:
+                d["capacity"] = t * d["slope"]
+            elif "const" in d:
+                d["capacity"] = d["const"]
+        value, (side, _) = nx.minimum_cut(g, _SOURCE, sink)
+        if value >= demand * (1 - _REL_TOL):
+            return t
+        const, slope = _cut_line(g, side)
+        if slope <= 0:
+            return math.inf
+        t_next = (demand - const) / slope
+        if t_next <= t * (1 + _REL_TOL):
+            return t_next
+        t = t_next
+    return t
+
+
+def _cut_line(g: nx.DiGraph, side: set) -> tuple[float, float]:
+    """``(A, B)`` of a cut whose capacity is ``A + T * B``."""
+    const = slope = 0.0
+    for u in side:
+        for v, d in g[u].items():
+            if v not in side:
+                const += d.get("const", 0.0)
+                slope += d.get("slope", 0.0)
+    return const, slope
+
+
+def allgather_units(net: nx.DiGraph, n: int, symmetries=()) -> float:
+    """Allgather time in units of (shard / GB/s): every rank receives all ``n`` shards."""
+    supplies = {r: 1.0 for r in range(n)}
+    sinks = _rank_orbits(n, symmetries)
+    return max(_parametric_time(net, supplies, t, float(n)) for t in sinks)
+
+
+def scatter_units(net: nx.DiGraph, n: int, root: int) -> float:
+    """Scatter time in units of (shard / GB/s): the root sends one shard to every other rank.
+
+    Every shard starts at the root, so this is a single-commodity flow from the root to a super-sink fed by
+    one shard's worth from each other rank.
+    """
+    g = net.copy()
+    sink = "super-sink"
+    for r in range(n):
+        if r != root:
+            g.add_edge(r, sink, const=1.0)
+    return _parametric_time(g, {root: float(n)}, sink, float(n - 1))
+
+
+def broadcast_units(net: nx.DiGraph, n: int, root: int) -> float:
+    """Broadcast time in units of (buffer / GB/s): ``1 / min_t maxflow(root, t)``."""
+    g = net.copy()
+    for _, _, d in g.edges(data=True):
+        if "slope" in d:
+            d["capacity"] = d["slope"]
+    worst = min(nx.maximum_flow_value(g, root, t) for t in range(n) if t != root)
+    return math.inf if worst <= 0 else 1.0 / worst
+
+
+def alltoall_units(net: nx.DiGraph, n: int) -> float:
+    """Alltoall time in units of (per-pair block / GB/s) from the maximum concurrent flow LP.
+
+    One commodity per source rank s (exact for this demand): ``f[s, e] >= 0``, conservation at every node
+    with ``n - 1`` units leaving s and one unit arriving at every other rank, and
+    ``sum_s f[s, e] <= T * slope_e`` on every capacitated edge; minimise T.
+    """
+    nodes = list(net.nodes)
+    node_index = {v: i for i, v in enumerate(nodes)}
+    edges = list(net.edges(data=True))
+    num_nodes, num_edges = len(nodes), len(edges)
+    capacitated = [k for k, (_, _, d) in enumerate(edges) if "slope" in d]
+    t_col = n * num_edges
+    rows, cols, vals = [], [], []
+    tails = np.array([node_index[u] for u, _, _ in edges])
+    heads = np.array([node_index[v] for _, v, _ in edges])
+    edge_ids = np.arange(num_edges)
+    for s in range(n):
+        base_row, base_col = s * num_nodes, s * num_edges
+        rows += [base_row + tails, base_row + heads]
+        cols += [base_col + edge_ids, base_col + edge_ids]
+        vals += [np.ones(num_edges), -np.ones(num_edges)]
+    cap_row0 = n * num_nodes
+    for j, k in enumerate(capacitated):
+        rows.append(np.full(n, cap_row0 + j))
+        cols.append(np.arange(n) * num_edges + k)
+        vals.append(np.ones(n))
+    cap_rows = cap_row0 + np.arange(len(capacitated))
+    rows.append(cap_rows)
+    cols.append(np.full(len(capacitated), t_col))
+    vals.append(-np.array([edges[k][2]["slope"] for k in capacitated]))
+    supply = np.zeros(n * num_nodes)
+    for s in range(n):
+        for d in range(n):
+            supply[s * num_nodes + node_index[d]] = (n - 1) if d == s else -1.0
+    row_lower = np.concatenate([supply, np.full(len(capacitated), -np.inf)])
+    row_upper = np.concatenate([supply, np.zeros(len(capacitated))])
+    cost = np.zeros(t_col + 1)
+    cost[t_col] = 1.0
+    return _solve_lp(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), cost, row_lower, row_upper)
+
+
+def _solve_lp(rows, cols, vals, cost, row_lower, row_upper) -> float:
+    """Minimise ``cost @ x`` over ``x >= 0`` and ``row_lower <= A x <= row_upper`` (A in COO); the optimum."""
+    model = Model(np.asarray(cost, dtype=float), np.zeros(len(cost)), np.full(len(cost), np.inf),
+                  np.zeros(len(cost), dtype=bool), np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64),
+                  np.asarray(vals, dtype=float), np.asarray(row_lower, dtype=float), np.asarray(row_upper, dtype=float))
+    result = solve_model(model, SolverOptions(time_limit_s=600))
+    if result.status == INFEASIBLE:
+        return math.inf
+    if result.status != OPTIMAL:
+        raise SolverError(f"HiGHS could not solve the alltoall bound LP ({result.highs_status})")
+    return float(result.objective)
+
+
+# ----------------------------------------------------------------------------------------------- latency
+
+def _relevant_pairs(name: str, n: int, root: int | None) -> list[tuple[int, int]]:
+    """Ordered (src, dst) rank pairs whose data must meet: from the root, to the root, or all pairs."""
+    if name in ("broadcast", "scatter"):
+        return [(root, d) for d in range(n) if d != root]
+    if name in ("reduce", "gather"):
+        return [(s, root) for s in range(n) if s != root]
+    return [(s, d) for s in range(n) for d in range(n) if s != d]
+
+
+def _diameters(topology: Topology, pairs) -> tuple[float, int]:
+    """Max over ``pairs`` of the shortest alpha path (us) and of the hop distance."""
+    g = topology.graph()
+    sources = sorted({s for s, _ in pairs})
+    alpha, hops = {}, {}
+    for s in sources:
+        alpha[s] = nx.single_source_dijkstra_path_length(g, s, weight="alpha_us")
+        hops[s] = nx.single_source_shortest_path_length(g, s)
+    worst_alpha, worst_hops = 0.0, 0
+    for s, d in pairs:
+        if d not in hops[s]:
+            raise InputError(topology.source, "links", f"rank {d} cannot be reached from rank {s}; add links")
+        worst_alpha = max(worst_alpha, alpha[s][d])
+        worst_hops = max(worst_hops, hops[s][d])
+    return worst_alpha, worst_hops
+
+
+def _chunk_path_us(topology: Topology, pairs, chunk_bytes: float) -> float:
+    """Max over ``pairs`` of the fastest store-and-forward path of one chunk (alpha + bytes/bw per hop), us."""
+    g = topology.graph()
+    for _, _, d in g.edges(data=True):
+        d["cost_us"] = d["alpha_us"] + chunk_bytes / (d["capacity_GBps"] * BYTES_PER_US_PER_GBPS)
+    worst = 0.0
+    for s in sorted({s for s, _ in pairs}):
+        dist = nx.single_source_dijkstra_path_length(g, s, weight="cost_us")
+        worst = max([worst] + [dist[d] for src, d in pairs if src == s])
+    return worst

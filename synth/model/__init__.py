@@ -1,0 +1,1 @@
+"""The problem as the user states it: topology (built-ins, node composition), collectives, sketches."""

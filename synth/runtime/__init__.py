@@ -1,0 +1,1 @@
+"""Running programs on real processes (torch.distributed) and profiling links between them."""

@@ -1,0 +1,57 @@
+"""The alpha-beta cost model (DESIGN section 4), shared by the replay check and the XML simulator.
+
+A transfer of ``b`` bytes on a link occupies the link's bandwidth (all lanes) for ``b / capacity`` and arrives
+``alpha + b / capacity`` after it starts. Transfers on one directed link serialise their bandwidth use; latency
+overlaps. A transfer through a switch also occupies the sender's egress port and the receiver's ingress port
+for the time it takes at that port's bandwidth. Links are full duplex. Times are microseconds; 1 GB/s moves
+1e3 bytes per microsecond.
+
+``alpha_occupies=True`` is TACCL's convention: the link is also busy during alpha.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from synth.model.topology import Topology
+
+BYTES_PER_US_PER_GBPS = 1e3
+
+
+@dataclass(frozen=True)
+class Reservation:
+    start_us: float
+    busy_until_us: float
+    arrival_us: float
+
+
+class LinkClock:
+    """Tracks when each link and switch port is next free; ``reserve`` books one transfer."""
+
+    def __init__(self, topology: Topology, alpha_occupies: bool = False):
+        self.topology = topology
+        self.alpha_occupies = alpha_occupies
+        self.link_free = [0.0] * len(topology.links)
+        self.port_free: dict[tuple[str, int, str], float] = {}
+        self.port_bw = topology.port_capacity()
+        self.busy_us = [0.0] * len(topology.links)
+
+    def duration_us(self, link_index: int, nbytes: float) -> float:
+        """Time the link's bandwidth is used by ``nbytes``."""
+        link = self.topology.links[link_index]
+        return nbytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+
+    def reserve(self, link_index: int, ready_us: float, nbytes: float) -> Reservation:
+        """Book ``nbytes`` on a link no earlier than ``ready_us``; returns start, busy-until and arrival."""
+        link = self.topology.links[link_index]
+        ports = []
+        if link.switch is not None:
+            ports = [(link.switch, link.egress_port, "egress"), (link.switch, link.ingress_port, "ingress")]
+        start = max([ready_us, self.link_free[link_index]] + [self.port_free.get(p, 0.0) for p in ports])
+        beta_us = self.duration_us(link_index, nbytes)
+        busy = beta_us + (link.alpha_us if self.alpha_occupies else 0.0)
+        self.link_free[link_index] = start + busy
+        self.busy_us[link_index] += busy
+        for p in ports:
+            self.port_free[p] = start + max(busy, nbytes / (self.port_bw[p] * BYTES_PER_US_PER_GBPS))
+        return Reservation(start, start + busy, start + link.alpha_us + beta_us)

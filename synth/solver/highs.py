@@ -1,0 +1,208 @@
+"""The solver boundary: the only module that imports highspy (lazily, so ``synth --help`` stays fast).
+
+Encoders build a :class:`Model` of numpy arrays (COO triplets per constraint family, concatenated once) and
+:func:`solve_model` passes it to HiGHS in one ``passModel`` call. HiGHS statuses are translated through one
+table into ours; a time-limited incumbent is reported as ``feasible`` with its gap, never as ``optimal``.
+pulp is the portable export layer (:func:`write_model`), not the hot path.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from synth.errors import SolverError
+
+OPTIMAL = "optimal"
+FEASIBLE = "feasible"          # a solution, but the time limit stopped the proof of optimality
+INFEASIBLE = "infeasible"      # proven: no solution exists
+NO_SOLUTION = "no-solution"    # the limit came before any solution
+ERROR = "error"
+
+
+@dataclass(frozen=True)
+class Model:
+    """A MILP ``min cost.x  s.t.  row_lower <= A x <= row_upper, col_lower <= x <= col_upper``.
+
+    ``A`` is given as COO triplets (``rows``, ``cols``, ``vals``); ``integer`` marks integer columns.
+    ``col_names`` are optional deterministic names for ``--write-model`` debugging.
+    """
+
+    cost: np.ndarray
+    col_lower: np.ndarray
+    col_upper: np.ndarray
+    integer: np.ndarray
+    rows: np.ndarray
+    cols: np.ndarray
+    vals: np.ndarray
+    row_lower: np.ndarray
+    row_upper: np.ndarray
+    col_names: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def num_cols(self) -> int:
+        return len(self.cost)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.row_lower)
+
+
+@dataclass(frozen=True)
+class SolverOptions:
+    time_limit_s: float = 60.0
+    mip_gap: float = 0.0
+    threads: int | None = None
+    seed: int = 0
+    verbose: bool = False
+
+
+@dataclass(frozen=True)
+class SolveResult:
+    status: str
+    x: np.ndarray | None
+    objective: float | None
+    gap: float | None
+    seconds: float
+    highs_status: str = ""
+
+    @property
+    def has_solution(self) -> bool:
+        return self.x is not None
+
+
+class RowBuilder:
+    """Accumulates constraint families as COO arrays; each ``add`` appends a block of rows at once."""
+
+    def __init__(self):
+        self._rows, self._cols, self._vals, self._lo, self._hi = [], [], [], [], []
+        self.num_rows = 0
+
+    def add(self, row_of_entry, cols, vals, lower, upper) -> None:
+        """Add ``len(lower)`` rows; entry k goes to new row ``row_of_entry[k]`` (0-based within the block)."""
+        lower = np.asarray(lower, dtype=float)
+        upper = np.broadcast_to(np.asarray(upper, dtype=float), lower.shape)
+        self._rows.append(np.asarray(row_of_entry, dtype=np.int64) + self.num_rows)
+        self._cols.append(np.asarray(cols, dtype=np.int64))
+        self._vals.append(np.broadcast_to(np.asarray(vals, dtype=float), np.shape(cols)).astype(float))
+        self._lo.append(lower)
+        self._hi.append(np.array(upper))
+        self.num_rows += len(lower)
+
+    def arrays(self):
+        if not self._rows:
+            empty = np.zeros(0)
+            return empty.astype(np.int64), empty.astype(np.int64), empty, empty, empty
+        return (np.concatenate(self._rows), np.concatenate(self._cols), np.concatenate(self._vals),
+                np.concatenate(self._lo), np.concatenate(self._hi))
+
+
+def _to_csr(model: Model):
+    order = np.lexsort((model.cols, model.rows))
+    rows, cols, vals = model.rows[order], model.cols[order], model.vals[order]
+    start = np.zeros(model.num_rows + 1, dtype=np.int32)
+    np.cumsum(np.bincount(rows, minlength=model.num_rows), out=start[1:])
+    return start, cols.astype(np.int32), vals
+
+
+def _status_table(highspy):
+    s = highspy.HighsModelStatus
+    return {
+        s.kOptimal: OPTIMAL, s.kInfeasible: INFEASIBLE, s.kTimeLimit: None, s.kInterrupt: None,
+        s.kSolutionLimit: None, s.kIterationLimit: None, s.kObjectiveBound: None, s.kObjectiveTarget: None,
+        s.kUnboundedOrInfeasible: INFEASIBLE, s.kModelEmpty: OPTIMAL,
+    }
+
+
+def solve_model(model: Model, options: SolverOptions = SolverOptions(),
+                initial: np.ndarray | None = None) -> SolveResult:
+    """Solve with HiGHS. ``initial`` is a feasible start (e.g. a baseline schedule) passed via setSolution."""
+    import highspy
+
+    t0 = time.perf_counter()
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", bool(options.verbose))
+    h.setOptionValue("time_limit", float(options.time_limit_s))
+    h.setOptionValue("mip_rel_gap", float(options.mip_gap))
+    h.setOptionValue("random_seed", int(options.seed))
+    if options.threads:
+        h.setOptionValue("threads", int(options.threads))
+    lp = highspy.HighsLp()
+    lp.num_col_ = model.num_cols
+    lp.num_row_ = model.num_rows
+    lp.col_cost_ = np.asarray(model.cost, dtype=float)
+    lp.col_lower_ = np.asarray(model.col_lower, dtype=float)
+    lp.col_upper_ = np.asarray(model.col_upper, dtype=float)
+    lp.row_lower_ = np.asarray(model.row_lower, dtype=float)
+    lp.row_upper_ = np.asarray(model.row_upper, dtype=float)
+    start, index, value = _to_csr(model)
+    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
+    lp.a_matrix_.start_ = start
+    lp.a_matrix_.index_ = index
+    lp.a_matrix_.value_ = value
+    lp.a_matrix_.num_col_ = model.num_cols
+    lp.a_matrix_.num_row_ = model.num_rows
+    if np.any(model.integer):
+        lp.integrality_ = [highspy.HighsVarType.kInteger if f else highspy.HighsVarType.kContinuous
+                           for f in model.integer]
+    if h.passModel(lp) != highspy.HighsStatus.kOk:
+        raise SolverError("HiGHS rejected the model (passModel failed); this is a bug in the encoder")
+    if initial is not None:
+        sol = highspy.HighsSolution()
+        sol.col_value = list(np.asarray(initial, dtype=float))
+        sol.value_valid = True
+        h.setSolution(sol)
+    run_status = h.run()
+    seconds = time.perf_counter() - t0
+    model_status = h.getModelStatus()
+    name = h.modelStatusToString(model_status)
+    if run_status == highspy.HighsStatus.kError:
+        raise SolverError(f"HiGHS failed: {name}")
+    info = h.getInfo()
+    has_x = info.primal_solution_status == 2  # kSolutionStatusFeasible
+    mapped = _status_table(highspy).get(model_status, ERROR)
+    if mapped == ERROR:
+        raise SolverError(f"HiGHS stopped with status {name!r}")
+    if mapped is None:
+        mapped = FEASIBLE if has_x else NO_SOLUTION
+    x = np.asarray(h.getSolution().col_value) if has_x and mapped in (OPTIMAL, FEASIBLE) else None
+    objective = h.getInfo().objective_function_value if x is not None else None
+    gap = None
+    if x is not None and np.any(model.integer):
+        gap = 0.0 if mapped == OPTIMAL else float(info.mip_gap)
+        if gap is not None and (math.isinf(gap) or math.isnan(gap)):
+            gap = None
+    return SolveResult(mapped, x, objective, gap, seconds, name)
+
+
+def write_model(model: Model, path: str) -> None:
+    """Export the model through pulp as an LP (``.lp``) or MPS (``.mps``) file for other solvers."""
+    import pulp
+
+    names = model.col_names or tuple(f"x{i}" for i in range(model.num_cols))
+    prob = pulp.LpProblem("synth", pulp.LpMinimize)
+    variables = [pulp.LpVariable(names[i], lowBound=model.col_lower[i],
+                                 upBound=None if np.isinf(model.col_upper[i]) else model.col_upper[i],
+                                 cat="Integer" if model.integer[i] else "Continuous")
+                 for i in range(model.num_cols)]
+    prob += pulp.lpSum(c * variables[i] for i, c in enumerate(model.cost) if c)
+    order = np.argsort(model.rows, kind="stable")
+    rows, cols, vals = model.rows[order], model.cols[order], model.vals[order]
+    bounds = np.searchsorted(rows, np.arange(model.num_rows + 1))
+    for r in range(model.num_rows):
+        expr = pulp.lpSum(vals[k] * variables[cols[k]] for k in range(bounds[r], bounds[r + 1]))
+        lo, hi = model.row_lower[r], model.row_upper[r]
+        if lo == hi:
+            prob += expr == lo, f"r{r}"
+        else:
+            if not np.isinf(lo):
+                prob += expr >= lo, f"r{r}_lo"
+            if not np.isinf(hi):
+                prob += expr <= hi, f"r{r}_hi"
+    if str(path).endswith(".mps"):
+        prob.writeMPS(path)
+    else:
+        prob.writeLP(path)

@@ -1,0 +1,227 @@
+"""The algorithm bundle: one executed MSCCL XML per size range, a README, and the frontier document.
+
+:func:`plan_bundle` picks the fastest algorithm per size (:mod:`synth.sweep.sizes`), tiles the size range and
+lowers each range's algorithm to MSCCL XML through :func:`backends.msccl.writer.emit_verified_xml` (lowered, checked against
+the runtime limits, executed on exact data, timed). An algorithm that cannot be emitted is excluded (with the
+reason) and the choice is made again without it, so every file in the bundle has been executed.
+
+Layout of an output directory (written by :func:`write_bundle`; every file atomically)::
+
+    DIR/frontier.json      every point, option, status, time and version (frontier_document)
+    DIR/README.txt         how to run the bundle with nccl-tests
+    DIR/msccl/NN-*.xml     the bundle: point MSCCL_ALGO_DIR here (nothing else lives in it)
+
+The README stays outside ``msccl/`` because the runtime tries to load every file in ``MSCCL_ALGO_DIR``.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Callable, Iterable
+
+from synth import __version__
+from synth.errors import BackendError, VerificationError
+from synth.fileio import write_atomic
+from synth.sweep.frontier import Frontier
+from synth.schedule.ir import Schedule
+from synth.sweep.sizes import Algorithm, SizeChoice, SizeRange, choose_per_size, tile_ranges
+from synth.model.topology import Topology
+
+BUNDLE_DIR = "msccl"
+FORMAT = "synth-pareto/1"
+_OUR_XML = re.compile(r"^\d\d-.*\.xml$")
+_PERF_BINARY = {"allgather": "all_gather_perf", "reducescatter": "reduce_scatter_perf",
+                "allreduce": "all_reduce_perf", "alltoall": "alltoall_perf", "broadcast": "broadcast_perf",
+                "reduce": "reduce_perf", "gather": "gather_perf", "scatter": "scatter_perf"}
+
+
+@dataclass(frozen=True)
+class BundleFile:
+    """One XML of the bundle: its file name, the algorithm, its inclusive size range (bytes) and the text."""
+
+    file_name: str
+    key: str
+    min_bytes: int
+    max_bytes: int
+    text: str
+    fused: bool
+
+
+@dataclass(frozen=True)
+class BundlePlan:
+    """The per-size verdicts, the ranges, the emitted files, and algorithms excluded with the reason."""
+
+    choices: tuple[SizeChoice, ...]
+    ranges: tuple[SizeRange, ...]
+    files: tuple[BundleFile, ...]
+    excluded: tuple[tuple[str, str], ...]
+
+
+def _emit(schedule: Schedule, topology: Topology, size_bytes: int, target: str, proto: str, name: str,
+          min_bytes: int, max_bytes: int) -> tuple[str, bool]:
+    """XML text (and whether the fused lowering won), executed when :mod:`backends.msccl.writer` is available."""
+    lower = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
+    try:
+        from backends.msccl.writer import emit_verified_xml
+    except ImportError:
+        from backends.msccl.lowering import schedule_to_msccl_xml
+
+        return schedule_to_msccl_xml(schedule, target=target, **lower), True
+    emitted = emit_verified_xml(schedule, target, topology, size_bytes, **lower)
+    return emitted.text, emitted.fused
+
+
+def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tuple[int, ...], low: int, high: int,
+                target: str = "executor", proto: str = "Simple",
+                limit_us: Callable[[int], float | None] = lambda size: None) -> BundlePlan:
+    """Choose per size, tile ``low..high``, emit one XML per range (excluding algorithms that fail to emit)."""
+    algorithms = list(algorithms)
+    excluded: dict[str, str] = {}
+    while True:
+        usable = [a for a in algorithms if a.key not in excluded]
+        choices = choose_per_size(usable, topology, sizes, limit_us)
+        ranges = tile_ranges(choices, usable, topology, low, high)
+        by_key = {a.key: a for a in usable}
+        files, failed = [], None
+        for i, r in enumerate(ranges):
+            alg = by_key[r.key]
+            coll = alg.schedule.collective
+            name = f"synth-{coll.name}-{r.key}-{r.min_bytes}-{r.max_bytes}"
+            at = min(max(r.min_bytes, min(sizes)), r.max_bytes)
+            try:
+                text, fused = _emit(alg.schedule, topology, at, target, proto, name, r.min_bytes, r.max_bytes)
+            except (BackendError, VerificationError) as exc:
+                failed = (r.key, str(exc))
+                break
+            files.append(BundleFile(f"{i:02d}-{coll.name}-{r.key}.xml", r.key, r.min_bytes, r.max_bytes, text,
+                                    fused))
+        if failed is None:
+            return BundlePlan(choices, ranges, tuple(files), tuple(sorted(excluded.items())))
+        excluded[failed[0]] = failed[1]
+
+
+def readme_text(plan: BundlePlan, algorithms: Iterable[Algorithm], collective: str, topology: Topology,
+                target: str) -> str:
+    """Plain-text instructions for running the bundle with nccl-tests."""
+    labels = {a.key: a.label for a in algorithms}
+    n, per_node = topology.num_ranks, topology.gpus_per_node
+    binary = _PERF_BINARY[collective]
+    lines = [f"synth pareto bundle: {collective} on {topology.name} ({n} ranks, {topology.num_nodes} node(s)), "
+             f"MSCCL target {target}", "",
+             f"{BUNDLE_DIR}/ holds one MSCCL XML algorithm per size range; the runtime picks the file whose",
+             "minBytes..maxBytes (inclusive, in bytes of nccl-tests' buffer size) contains the call's size:", ""]
+    for f in plan.files:
+        lines.append(f"  {f.file_name:44s} {f.min_bytes:>12d} .. {f.max_bytes:<12d} {labels.get(f.key, f.key)}")
+    lines += ["", "Run with nccl-tests (https://github.com/NVIDIA/nccl-tests) built against NCCL with MSCCL:", ""]
+    if target == "executor":
+        lines += [f"  export MSCCL_ALGO_DIR=$PWD/{BUNDLE_DIR}",
+                  "  (NCCL >= 2.23 with the MSCCL executor loads every file in MSCCL_ALGO_DIR; NCCL_ALGO=MSCCL",
+                  "  is not needed: the executor selects by size range itself)"]
+    else:
+        files = ":".join(f"$PWD/{BUNDLE_DIR}/{f.file_name}" for f in plan.files[:4])
+        lines += [f"  export MSCCL_XML_FILES={files}",
+                  "  (the legacy MSCCL fork of NCCL 2.12 takes at most 4 files" +
+                  (f"; this bundle has {len(plan.files)}, so only the first 4 ranges are listed)" if len(plan.files) > 4
+                   else ")")]
+    low = _nccl_tests_size(plan.ranges[0].min_bytes) if plan.ranges else "1K"
+    high = _nccl_tests_size(plan.ranges[-1].max_bytes) if plan.ranges else "1G"
+    if topology.num_nodes > 1:
+        hosts = ",".join(f"<host{k + 1}>:{per_node}" for k in range(topology.num_nodes))
+        launch = (f"  mpirun -np {n} -N {per_node} -H {hosts} "
+                  f"-x {'MSCCL_ALGO_DIR' if target == 'executor' else 'MSCCL_XML_FILES'} \\\n"
+                  f"      ./build/{binary} -b {low} -e {high} -f 2 -g 1")
+    else:
+        launch = f"  ./build/{binary} -b {low} -e {high} -f 2 -g {n}"
+    lines += ["", launch, "",
+              "Sizes outside the ranges, and sizes whose element count is not a multiple of an algorithm's",
+              "nchunksperloop, silently run NCCL's own algorithms. Re-check any file before use:",
+              f"  synth check {BUNDLE_DIR}/<file>.xml", ""]
+    return "\n".join(lines)
+
+
+def _nccl_tests_size(size_bytes: int) -> str:
+    """A size as nccl-tests' -b/-e read it (``1K``, ``64M``, ``1G``, else bytes)."""
+    for unit, factor in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size_bytes >= factor and size_bytes % factor == 0:
+            return f"{size_bytes // factor}{unit}"
+    return str(size_bytes)
+
+
+def versions() -> dict:
+    """Versions of everything that can change a result."""
+    out = {"synth": __version__, "python": platform.python_version()}
+    for pkg in ("highspy", "numpy", "networkx", "distributed"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def frontier_document(frontier: Frontier, topology: Topology, stage: str, plan: BundlePlan | None = None,
+                      algorithms: Iterable[Algorithm] = (), missing: Iterable[str] = (),
+                      failures: Iterable = (), extra: dict | None = None) -> dict:
+    """The content of ``frontier.json``. ``stage`` is ``sweeping`` while the step search runs (the file is
+    rewritten after every instance), ``sizes`` while candidates are timed, ``done`` at the end. Keys ending in
+    ``_seconds`` are timings; everything else is the same whoever solved the instances (up to time limits)."""
+    algorithms = list(algorithms)
+    on_frontier = {p.instance for p in frontier.frontier}
+    doc = {"format": FORMAT, "stage": stage, "collective": frontier.spec.collective, "topology": topology.name,
+           "ranks": topology.num_ranks, "nodes": topology.num_nodes, "options": frontier.spec.to_dict(),
+           "versions": versions(), "stop_reason": frontier.stop_reason, "complete": frontier.complete,
+           "search_seconds": frontier.seconds,
+           "frontier": [[p.steps, p.rounds, p.chunks] for p in frontier.frontier],
+           "points": [dict(p.to_dict(), on_frontier=p.instance in on_frontier,
+                           schedule=p.schedule.to_dict() if p.schedule is not None and p.instance in on_frontier
+                           else None)
+                      for p in frontier.points]}
+    if extra:
+        doc.update(extra)
+    if algorithms:
+        doc["algorithms"] = [{"key": a.key, "kind": a.kind, "label": a.label, "steps": a.schedule.steps,
+                              "chunks_per_rank": a.schedule.collective.chunks_per_rank,
+                              "nchunksperloop": a.nchunksperloop, "transfers": len(a.schedule.transfers)}
+                             for a in algorithms]
+    doc["missing_sources"] = list(missing)
+    doc["failures"] = [{"source": s, "size_bytes": size, "message": m} for s, size, m in failures]
+    if plan is not None:
+        doc["sizes"] = [{"size_bytes": c.size_bytes, "chosen": c.chosen, "best_baseline": c.best_baseline,
+                         "limit_us": c.limit_us,
+                         "timings": [{"key": t.key, "time_us": t.time_us, "algbw_GBps": t.algbw_GBps,
+                                      "busbw_GBps": t.busbw_GBps, "runnable": t.runnable} for t in c.timings]}
+                        for c in plan.choices]
+        doc["bundle"] = [{"file": f"{BUNDLE_DIR}/{f.file_name}", "key": f.key, "min_bytes": f.min_bytes,
+                          "max_bytes": f.max_bytes, "fused": f.fused} for f in plan.files]
+        doc["excluded"] = [{"key": k, "reason": r} for k, r in plan.excluded]
+    return doc
+
+
+def write_document(out_dir: str | Path, doc: dict) -> Path:
+    """Write ``frontier.json`` atomically (called after every point, so an interrupted sweep keeps its points)."""
+    path = Path(out_dir) / "frontier.json"
+    write_atomic(path, json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def write_bundle(out_dir: str | Path, plan: BundlePlan, readme: str) -> list[Path]:
+    """Write the XMLs into ``DIR/msccl`` (removing our own stale ``NN-*.xml`` from an earlier run, so the
+    directory never holds overlapping ranges) and ``DIR/README.txt``."""
+    out = Path(out_dir)
+    bundle = out / BUNDLE_DIR
+    bundle.mkdir(parents=True, exist_ok=True)
+    keep = {f.file_name for f in plan.files}
+    for old in bundle.iterdir():
+        if _OUR_XML.match(old.name) and old.name not in keep:
+            old.unlink()
+    written = []
+    for f in plan.files:
+        write_atomic(bundle / f.file_name, f.text)
+        written.append(bundle / f.file_name)
+    write_atomic(out / "README.txt", readme)
+    written.append(out / "README.txt")
+    return written

@@ -1,0 +1,192 @@
+"""The alpha-beta frontier over message sizes: the fastest verified algorithm per size, and size ranges for it.
+
+Candidates are :class:`Algorithm` objects (a Schedule with a key): points of the step frontier, alpha-beta
+schedules, NCCL-style baselines. Each candidate is verified once by :func:`synth.schedule.replay.verify` (links,
+capacity and postcondition re-derived from the transfers; none of that depends on the size) and replayed at
+every size of a grid (alpha-beta time in microseconds, :func:`synth.schedule.replay.replay_time`); the fastest one the
+MSCCL runtime would actually run at that size wins. The runtime runs an algorithm only when the element count
+of nccl-tests' buffer is a multiple of ``nchunksperloop`` (DESIGN section 7), so an algorithm with 6 chunks per
+rank never runs at power-of-two sizes and is never chosen there.
+
+:func:`tile_ranges` turns the per-size winners into inclusive byte ranges ``[min_bytes, max_bytes]`` that cover
+the requested range with no gap and no overlap; between two grid sizes with different winners the boundary is
+the crossover of their replayed times (bisection on bytes). Sizes are nccl-tests' (DESIGN section 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from synth.errors import InputError
+from synth.schedule.replay import ReplayReport, replay_time, verify
+from synth.schedule.ir import Schedule
+from synth.model.topology import Topology
+from synth.units import parse_size
+
+STEPS, ALPHA_BETA, BASELINE = "steps", "alphabeta", "baseline"
+_KIND_ORDER = {STEPS: 0, ALPHA_BETA: 1, BASELINE: 2}   # tie-break: synthesized before baselines
+DTYPE_BYTES = 4                                         # nccl-tests' default datatype (float)
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A candidate: ``key`` is unique and file-name safe, ``label`` is for tables and plots, ``tuned_bytes`` the
+    size a size-specific schedule (alpha-beta, a baseline's issue order) was made for."""
+
+    key: str
+    kind: str
+    label: str
+    schedule: Schedule
+    tuned_bytes: int | None = None
+
+    @property
+    def nchunksperloop(self) -> int:
+        """MSCCL's nchunksperloop for this schedule (chunks in nccl-tests' buffer, or per rank when rooted)."""
+        coll = self.schedule.collective
+        if coll.name in ("allgather", "reducescatter", "alltoall", "allreduce"):
+            return coll.size_chunks
+        return coll.chunks_per_rank
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One algorithm at one size: replayed time (us), algorithm/bus bandwidth (GB/s), and whether the MSCCL
+    runtime would run it at this size."""
+
+    key: str
+    time_us: float
+    algbw_GBps: float
+    busbw_GBps: float
+    runnable: bool
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    """The verdict at one size: every timing, the winner (None: no candidate runs), the fastest baseline, and
+    the physical limit (us) when :mod:`synth.bounds.physical` could compute it."""
+
+    size_bytes: int
+    timings: tuple[Timing, ...]
+    chosen: str | None
+    best_baseline: str | None
+    limit_us: float | None
+
+    def timing(self, key: str) -> Timing | None:
+        return next((t for t in self.timings if t.key == key), None)
+
+
+@dataclass(frozen=True)
+class SizeRange:
+    """Bytes ``min_bytes..max_bytes`` (inclusive) for which the bundle selects algorithm ``key``."""
+
+    key: str
+    min_bytes: int
+    max_bytes: int
+
+
+def parse_size_range(text: str) -> tuple[int, int]:
+    """``"1KB:1GB"`` -> (1024, 1073741824).
+
+    >>> parse_size_range("1KB:1MB")
+    (1024, 1048576)
+    """
+    lo, sep, hi = str(text).partition(":")
+    if not sep:
+        raise InputError("--sizes", "", f"cannot read {text!r}; write LOW:HIGH, e.g. 1KB:1GB")
+    low, high = parse_size(lo, "--sizes"), parse_size(hi, "--sizes")
+    if low > high:
+        raise InputError("--sizes", "", f"{lo} is larger than {hi}; write LOW:HIGH")
+    return low, high
+
+
+def size_grid(low: int, high: int, factor: int = 4) -> tuple[int, ...]:
+    """``low * factor**k`` up to ``high``, plus ``high`` itself when the grid misses it.
+
+    >>> size_grid(1024, 1 << 20, 4)
+    (1024, 4096, 16384, 65536, 262144, 1048576)
+    """
+    if factor < 2:
+        raise InputError("--size-factor", "", "must be at least 2")
+    sizes = [low]
+    while sizes[-1] * factor <= high:
+        sizes.append(sizes[-1] * factor)
+    if sizes[-1] != high:
+        sizes.append(high)
+    return tuple(sizes)
+
+
+def runnable(algorithm: Algorithm, size_bytes: int, dtype_bytes: int = DTYPE_BYTES) -> bool:
+    """Whether MSCCL would run the algorithm at this size (else NCCL silently uses its own)."""
+    return size_bytes % dtype_bytes == 0 and (size_bytes // dtype_bytes) % algorithm.nchunksperloop == 0
+
+
+def _time(algorithm: Algorithm, topology: Topology, size_bytes: float) -> ReplayReport:
+    """Alpha-beta replay time only (the schedule's correctness does not depend on the size: see choose)."""
+    return replay_time(algorithm.schedule, topology, size_bytes)
+
+
+def choose_per_size(algorithms: Iterable[Algorithm], topology: Topology, sizes: Iterable[int],
+                    limit_us: Callable[[int], float | None] = lambda size: None,
+                    dtype_bytes: int = DTYPE_BYTES) -> tuple[SizeChoice, ...]:
+    """Verify every algorithm once (links, capacity, postcondition: :func:`synth.schedule.replay.verify`, which raises
+    VerificationError), time it at every size, and pick the fastest runnable one per size (ties: steps,
+    alpha-beta, then baselines, then key order)."""
+    algorithms = sorted(algorithms, key=lambda a: (_KIND_ORDER[a.kind], a.key))
+    sizes = list(sizes)
+    for alg in algorithms:
+        verify(alg.schedule, topology, sizes[0] if sizes else 1 << 20)
+    choices = []
+    for size in sizes:
+        timings = []
+        for alg in algorithms:
+            rep = _time(alg, topology, size)
+            timings.append(Timing(alg.key, rep.time_us, rep.algbw_GBps, rep.busbw_GBps,
+                                  runnable(alg, size, dtype_bytes)))
+        ok = [t for t in timings if t.runnable]
+        chosen = min(ok, key=lambda t: t.time_us).key if ok else None
+        base = [t for t, a in zip(timings, algorithms) if a.kind == BASELINE]
+        best_base = min(base, key=lambda t: t.time_us).key if base else None
+        choices.append(SizeChoice(size, tuple(timings), chosen, best_base, limit_us(size)))
+    return tuple(choices)
+
+
+def tile_ranges(choices: tuple[SizeChoice, ...], algorithms: Iterable[Algorithm], topology: Topology,
+                low: int, high: int) -> tuple[SizeRange, ...]:
+    """Inclusive byte ranges, one per run of equal winners, covering ``low..high`` exactly.
+
+    Sizes whose grid point has no winner belong to no range (NCCL's own algorithm runs there).
+    """
+    by_key = {a.key: a for a in algorithms}
+    ranges: list[SizeRange] = []
+    prev: SizeChoice | None = None
+    for choice in choices:
+        if prev is None:
+            start = low
+        elif choice.chosen == prev.chosen:
+            prev = choice
+            continue
+        else:
+            start = _crossover(by_key.get(prev.chosen), by_key.get(choice.chosen), topology,
+                               prev.size_bytes, choice.size_bytes)
+            if ranges and ranges[-1].key == prev.chosen:
+                ranges[-1] = SizeRange(prev.chosen, ranges[-1].min_bytes, start - 1)
+        if choice.chosen is not None:
+            ranges.append(SizeRange(choice.chosen, start, high))
+        prev = choice
+    return tuple(r for r in ranges if r.min_bytes <= r.max_bytes)
+
+
+def _crossover(left: Algorithm | None, right: Algorithm | None, topology: Topology, lo: int, hi: int) -> int:
+    """The smallest size in (lo, hi] from which ``right`` is at least as fast as ``left`` (bisection on bytes);
+    ``hi`` when either side is no algorithm."""
+    if left is None or right is None:
+        return hi
+    a, b = lo, hi      # invariant: left faster at a, right at least as fast at b
+    while b - a > 1:
+        mid = (a + b) // 2
+        if _time(right, topology, mid).time_us <= _time(left, topology, mid).time_us:
+            b = mid
+        else:
+            a = mid
+    return b

@@ -1,0 +1,1 @@
+"""Drivers that turn a request into verified schedules: step search, alpha-beta, baselines, and the choice."""
