@@ -28,7 +28,7 @@ _SIZES_HELP = ("Size range LOW:HIGH (nccl-tests' sizes, e.g. 1KB:1GB) for the pe
 
 # A sweep solves many instances: a shorter per-instance limit than `synth solve`.
 _solver_options = solver_options_for(
-    10.0, "Solver limit per instance in seconds; an instance that hits it is 'unknown' and the frontier is then "
+    10.0, "Solver limit per instance in seconds; an instance that hits it is 'no-solution' and the frontier is then "
           "not proven.", "Solver threads per instance (default: HiGHS' choice).")
 
 

@@ -11,16 +11,39 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
 from synth.errors import SolverError
 
-OPTIMAL = "optimal"
-FEASIBLE = "feasible"          # a solution, but the time limit stopped the proof of optimality
-INFEASIBLE = "infeasible"      # proven: no solution exists
-NO_SOLUTION = "no-solution"    # the limit came before any solution
-ERROR = "error"
+
+class Status(str, Enum):
+    """How a search ended: the one status vocabulary of solver results, synthesis results and sweep points.
+
+    A ``str`` enum, so JSON reports and comparisons with the plain strings keep working.
+    """
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"          # a solution, but a limit stopped the proof of optimality
+    INFEASIBLE = "infeasible"      # proven: no solution exists
+    NO_SOLUTION = "no-solution"    # a limit came before any solution or proof
+    ERROR = "error"
+    BASELINE = "baseline"          # not solved: an NCCL-style baseline construction
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+    @property
+    def has_schedule(self) -> bool:
+        return self in (Status.OPTIMAL, Status.FEASIBLE, Status.BASELINE)
+
+
+# Short names used by the encoders and drivers.
+OPTIMAL, FEASIBLE, INFEASIBLE = Status.OPTIMAL, Status.FEASIBLE, Status.INFEASIBLE
+NO_SOLUTION, ERROR = Status.NO_SOLUTION, Status.ERROR
 
 
 @dataclass(frozen=True)
@@ -62,7 +85,7 @@ class SolverOptions:
 
 @dataclass(frozen=True)
 class SolveResult:
-    status: str
+    status: Status
     x: np.ndarray | None
     objective: float | None
     gap: float | None

@@ -59,7 +59,8 @@ def baseline_algorithms(collective: str, topology: Topology, sizes: Iterable[int
     out: dict = {}
     for size in sizes:
         try:
-            name, schedule, _ = baselines.best_baseline(collective, topology, size, root)
+            best = baselines.best_baseline(collective, topology, size, root)
+            name, schedule = best.name, best.schedule
         except SynthError as exc:
             failures.append((BASELINE, size, str(exc)))
             continue

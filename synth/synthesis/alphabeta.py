@@ -281,8 +281,8 @@ def _direct(topology: Topology, coll: Collective, size_bytes: float, method: str
             route_sets.append(("timexp", route))
     notes["start"] = start_label
     candidates = _evaluate(problem, route_sets, ordered, piece_options, size_bytes, method)
-    if baseline is not None and _baseline_allowed(problem, baseline[1]):
-        candidates.append(Candidate(f"baseline:{baseline[0]}", baseline[1], baseline[2].time_us))
+    if baseline is not None and _baseline_allowed(problem, baseline.schedule):
+        candidates.append(Candidate(f"baseline:{baseline.name}", baseline.schedule, baseline.report.time_us))
     if exact_chunks is not None:
         candidates = [c for c in candidates if c.schedule.collective.chunks_per_rank == exact_chunks]
     runnable = [c for c in candidates if c.schedule.collective.runs_at_power_of_two_sizes]
@@ -301,7 +301,7 @@ def _direct(topology: Topology, coll: Collective, size_bytes: float, method: str
 
 
 def _best_baseline(problem: AlphaBetaProblem):
-    """``(name, schedule, report)`` of the fastest NCCL-style baseline at the problem's size, or None."""
+    """The fastest NCCL-style baseline (a BaselineRun) at the problem's size, or None."""
     try:
         from synth.synthesis.baselines import best_baseline
 
@@ -315,10 +315,10 @@ def _starts(problem: AlphaBetaProblem, baseline) -> list[tuple[str, Routes]]:
     baseline's routes when they are symmetric trees the sketch allows at the same chunk count."""
     out = [("shortest-path-balanced", shortest_path_routes(problem, load_weight=1.0)),
            ("shortest-path", shortest_path_routes(problem, load_weight=0.0))]
-    if baseline is not None and baseline[1].collective.chunks_per_rank == problem.collective.chunks_per_rank:
-        routes = routes_from_schedule(problem, baseline[1])
+    if baseline is not None and baseline.schedule.collective.chunks_per_rank == problem.collective.chunks_per_rank:
+        routes = routes_from_schedule(problem, baseline.schedule)
         if routes is not None and is_symmetric(problem, routes):
-            out.append((f"baseline:{baseline[0]}", routes))
+            out.append((f"baseline:{baseline.name}", routes))
     return out
 
 

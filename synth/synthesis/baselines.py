@@ -869,32 +869,81 @@ def baseline_status(collective_name: str, topology: Topology, root: int | None =
     return status
 
 
-def best_baseline(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
-                  chunk_options: tuple[int, ...] = (1, 2, 4),
-                  runnable_only: bool = False) -> tuple[str, Schedule, ReplayReport]:
-    """The fastest applicable baseline at ``size_bytes`` over every baseline and ``chunk_options``.
+@dataclass(frozen=True)
+class BaselineRun:
+    """One baseline schedule built for a size, with its replayed time."""
 
-    ``runnable_only`` keeps only schedules the MSCCL runtimes select at power-of-two sizes
-    (see :attr:`synth.model.collectives.Collective.runs_at_power_of_two_sizes`).
+    name: str
+    chunks_per_way: int
+    schedule: Schedule
+    report: ReplayReport
 
-    Returns ``(name, schedule, report)``; raises InputError when no baseline applies.
+    @property
+    def runnable(self) -> bool:
+        """Whether the MSCCL runtimes select it at power-of-two sizes (power-of-two ``nchunksperloop``)."""
+        return self.schedule.collective.runs_at_power_of_two_sizes
+
+
+@dataclass(frozen=True)
+class BaselineTable:
+    """Every applicable baseline at one size (each chunk option), built and replayed once per request.
+
+    ``reasons`` says why each baseline that is missing does not apply.
     """
-    best = None
-    reasons = []
+
+    collective: str
+    topology: str
+    size_bytes: float
+    runs: tuple[BaselineRun, ...]
+    reasons: tuple[str, ...]
+
+    def best(self, runnable_only: bool = False) -> BaselineRun:
+        """The fastest run (the first built among equals); raises InputError when none qualifies.
+
+        ``runnable_only`` keeps only schedules the MSCCL runtimes select at power-of-two sizes
+        (see :attr:`synth.model.collectives.Collective.runs_at_power_of_two_sizes`).
+        """
+        best = None
+        for run in self.runs:
+            if runnable_only and not run.runnable:
+                continue
+            if best is None or run.report.time_us < best.report.time_us:
+                best = run
+        if best is None:
+            reasons = list(self.reasons)
+            if runnable_only:
+                reasons += [f"{r.name} with {r.chunks_per_way} chunk(s): nchunksperloop "
+                            f"{r.schedule.collective.loop_chunks} is not a power of two" for r in self.runs]
+            raise InputError("COLLECTIVE", "", f"no baseline applies to {self.collective} on {self.topology}: "
+                             + "; ".join(reasons))
+        return best
+
+
+def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
+                       chunk_options: tuple[int, ...] = (1, 2, 4)) -> BaselineTable:
+    """Build and replay every applicable baseline for each of ``chunk_options`` at ``size_bytes``.
+
+    >>> from synth.model.topology import load_topology
+    >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20)
+    >>> table.best().name, table.best().report.time_us > 0
+    ('bidir-ring', True)
+    """
+    runs, reasons = [], []
     for name, reason in baseline_status(collective_name, topology, root).items():
         if reason is not None:
             reasons.append(f"{name}: {reason}")
             continue
         for chunks in chunk_options:
             schedule = build_baseline(name, collective_name, topology, chunks, root, order_bytes=size_bytes)
-            if runnable_only and not schedule.collective.runs_at_power_of_two_sizes:
-                reasons.append(f"{name} with {chunks} chunk(s): nchunksperloop "
-                               f"{schedule.collective.loop_chunks} is not a power of two")
-                continue
-            report = verify(schedule, topology, size_bytes)
-            if best is None or report.time_us < best[2].time_us:
-                best = (name, schedule, report)
-    if best is None:
-        raise InputError("COLLECTIVE", "", f"no baseline applies to {normalize_name(collective_name)} on "
-                         f"{topology.name}: " + "; ".join(reasons))
-    return best
+            runs.append(BaselineRun(name, chunks, schedule, verify(schedule, topology, size_bytes)))
+    return BaselineTable(normalize_name(collective_name), topology.name, size_bytes, tuple(runs), tuple(reasons))
+
+
+def best_baseline(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
+                  chunk_options: tuple[int, ...] = (1, 2, 4), runnable_only: bool = False) -> BaselineRun:
+    """The fastest applicable baseline at ``size_bytes``; raises InputError when none applies.
+
+    Builds every baseline: a request that needs baselines more than once keeps the :class:`BaselineTable`
+    (:attr:`synth.synthesis.request.SynthesisRequest.baselines`).
+    """
+    return evaluate_baselines(collective_name, topology, size_bytes, root, chunk_options).best(runnable_only)
