@@ -178,7 +178,7 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
         sol.col_value = list(np.asarray(initial, dtype=float))
         sol.value_valid = True
         h.setSolution(sol)
-    run_status = h.run()
+    run_status = _run_interruptibly(h)
     seconds = time.perf_counter() - t0
     model_status = h.getModelStatus()
     name = h.modelStatusToString(model_status)
@@ -199,6 +199,29 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
         if gap is not None and (math.isinf(gap) or math.isnan(gap)):
             gap = None
     return SolveResult(mapped, x, objective, gap, seconds, name)
+
+
+# How long to wait for HiGHS to stop after Ctrl-C before giving up on its answer (seconds).
+_CANCEL_WAIT_S = 5.0
+
+
+def _run_interruptibly(h):
+    """Run HiGHS in its solver thread so that Ctrl-C (or SIGTERM turned into KeyboardInterrupt by the CLI) stops
+    it within about 0.1 s: the interrupt is passed to HiGHS' interrupt callbacks, and KeyboardInterrupt is raised
+    once the solver has stopped. (highspy's own ``solve`` prints and exits on a repeated Ctrl-C.)"""
+    h.HandleUserInterrupt = True
+    h.startSolve()
+    try:
+        while True:
+            done, status = h.wait(0.1)
+            if done:
+                return status
+    except KeyboardInterrupt:
+        h.cancelSolve()
+        deadline = time.perf_counter() + _CANCEL_WAIT_S
+        while time.perf_counter() < deadline and not h.wait(0.1)[0]:
+            pass
+        raise
 
 
 def write_model(model: Model, path: str) -> None:
