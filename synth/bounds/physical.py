@@ -48,6 +48,7 @@ from synth.model.collectives import make_collective, normalize_name
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.errors import InputError, SolverError
 from synth.solver.highs import INFEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
+from synth.model.symmetry import rank_orbit_reps
 from synth.model.topology import Topology
 
 _SOURCE = "super-source"
@@ -209,24 +210,6 @@ def _add_capacity(g: nx.DiGraph, u, v, slope_GBps: float) -> None:
         g.add_edge(u, v, slope=slope_GBps)
 
 
-def _rank_orbits(n: int, symmetries) -> list[int]:
-    """One representative rank per orbit of the declared symmetries (all ranks when there are none)."""
-    parent = list(range(n))
-
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for perm in symmetries:
-        for r in range(n):
-            a, b = find(r), find(perm[r])
-            if a != b:
-                parent[max(a, b)] = min(a, b)
-    return sorted({find(r) for r in range(n)})
-
-
 def _parametric_time(net: nx.DiGraph, supplies: dict, sink, demand: float) -> float:
     """Smallest T such that the super-source can push ``demand`` into ``sink`` when capacitated edges carry
     ``T * slope`` and the super-source edge into node v carries ``supplies[v]``.
@@ -272,7 +255,7 @@ def _cut_line(g: nx.DiGraph, side: set) -> tuple[float, float]:
 def allgather_units(net: nx.DiGraph, n: int, symmetries=()) -> float:
     """Allgather time in units of (shard / GB/s): every rank receives all ``n`` shards."""
     supplies = {r: 1.0 for r in range(n)}
-    sinks = _rank_orbits(n, symmetries)
+    sinks = rank_orbit_reps(n, symmetries)
     return max(_parametric_time(net, supplies, t, float(n)) for t in sinks)
 
 
