@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from types import MappingProxyType
 
 import networkx as nx
 import numpy as np
@@ -49,6 +50,7 @@ from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.errors import InputError, SolverError
 from synth.solver.highs import INFEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
 from synth.model.symmetry import rank_orbit_reps
+from synth.schedule.transforms import CONCATENATION_PARTS, REVERSAL_DUAL
 from synth.model.topology import Topology
 
 _SOURCE = "super-source"
@@ -135,30 +137,43 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
 
 def bandwidth_bound_us(collective_name: str, topology: Topology, size_bytes: float,
                        root: int | None = None) -> tuple[float, str]:
-    """The bandwidth bound alone, microseconds, and a short description of how it was computed."""
+    """The bandwidth bound alone, microseconds, and a short description of how it was computed.
+
+    A concatenation (Allreduce) needs the sum of its parts' times; a reduction collective (and Gather) the
+    time of its dual (:data:`synth.schedule.transforms.REVERSAL_DUAL`; Gather: Scatter) on the reversed network.
+    """
     name = normalize_name(collective_name)
     n = topology.num_ranks
     root = 0 if root is None else root
     net = flow_network(topology)
-    sym = topology.symmetries
+    parts = CONCATENATION_PARTS.get(name)
+    if parts:
+        units = sum(_flow_units(p, net, n, topology.symmetries, root)[0] for p in parts)
+        labels = " + ".join(_PART_LABELS.get(p, p) for p in parts)
+        return _shards_time(units, size_bytes / n), f"max-flow ({labels})"
+    units, per_shard, method = _flow_units(name, net, n, topology.symmetries, root)
+    return _shards_time(units, size_bytes / n if per_shard else size_bytes), method
+
+
+# Collectives whose flow bound is their dual's on the reversed network: the reductions, and Gather (Scatter's).
+_REVERSED_FLOW = MappingProxyType({**REVERSAL_DUAL, "gather": "scatter"})
+_PART_LABELS = MappingProxyType({"reducescatter": "reduce-scatter"})
+
+
+def _flow_units(name: str, net: nx.DiGraph, n: int, symmetries, root: int) -> tuple[float, bool, str]:
+    """``(units, per_shard, method)``: the time in units of (data unit / GB/s), where a data unit is a shard
+    (size / n) when ``per_shard`` else the whole buffer."""
+    dual = _REVERSED_FLOW.get(name)
+    if dual is not None:
+        units, per_shard, _ = _flow_units(dual, net.reverse(copy=True), n, symmetries, root)
+        return units, per_shard, "max-flow (reversed)"
     if name == "allgather":
-        return _shards_time(allgather_units(net, n, sym), size_bytes / n), "max-flow"
-    if name == "reducescatter":
-        return _shards_time(allgather_units(net.reverse(copy=True), n, sym), size_bytes / n), \
-            "max-flow (reversed)"
-    if name == "allreduce":
-        units = allgather_units(net, n, sym) + allgather_units(net.reverse(copy=True), n, sym)
-        return _shards_time(units, size_bytes / n), "max-flow (reduce-scatter + allgather)"
+        return allgather_units(net, n, symmetries), True, "max-flow"
     if name == "broadcast":
-        return _shards_time(broadcast_units(net, n, root), size_bytes), "max-flow"
-    if name == "reduce":
-        return _shards_time(broadcast_units(net.reverse(copy=True), n, root), size_bytes), "max-flow (reversed)"
+        return broadcast_units(net, n, root), False, "max-flow"
     if name == "scatter":
-        return _shards_time(scatter_units(net, n, root), size_bytes / n), "max-flow"
-    if name == "gather":
-        return _shards_time(scatter_units(net.reverse(copy=True), n, root), size_bytes / n), \
-            "max-flow (reversed)"
-    return _shards_time(alltoall_units(net, n), size_bytes / n), "concurrent-flow LP"
+        return scatter_units(net, n, root), True, "max-flow"
+    return alltoall_units(net, n), True, "concurrent-flow LP"
 
 
 def _shards_time(units: float, unit_bytes: float) -> float:

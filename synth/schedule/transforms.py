@@ -8,7 +8,8 @@ ask :func:`reduction_for` which reduction applies and never branch on a collecti
 - :class:`Reversal`: a reduction collective (ReduceScatter, Reduce) is the time-reversal of its broadcast-type
   dual (Allgather, Broadcast) solved on the reversed topology (:func:`synth.model.topology.reverse_topology`):
   a copy ``u -> v`` at step ``s`` of ``S`` becomes a reduce ``v -> u`` at step ``S - 1 - s``, so every link and
-  switch port serves the same transfers in reverse order; rounds per step and start/end times reverse too.
+  switch port serves the same transfers in reverse order; rounds per step and start/end times reverse too
+  (:func:`reverse_schedule`).
 - :class:`Concatenation`: Allreduce is ReduceScatter followed by Allgather; the second schedule's steps (and
   times, when known) are shifted past the first's.
 - :class:`CutIntoPieces`: every chunk is cut into ``k`` pieces that follow the same routes in the same order
@@ -37,7 +38,7 @@ from typing import Sequence
 from synth.model.collectives import Collective, make_collective
 from synth.model.sketch import Sketch, reverse_sketch
 from synth.model.topology import Topology, reverse_topology
-from synth.schedule.ir import REDUCE, Schedule, Transfer
+from synth.schedule.ir import COPY, REDUCE, Schedule, Transfer
 
 # The broadcast-type collective whose time-reversal gives each reduction collective.
 REVERSAL_DUAL = MappingProxyType({"reducescatter": "allgather", "reduce": "broadcast"})
@@ -63,11 +64,12 @@ class CollectiveProblem:
 # ----------------------------------------------------------------------------------------------- schedules
 
 def reverse_schedule(schedule: Schedule, collective: Collective, topology_name: str) -> Schedule:
-    """Time-reverse a broadcast-type schedule into a schedule of the reduction ``collective``.
+    """Time-reverse a schedule: a broadcast-type schedule becomes one of the reduction ``collective``.
 
-    Each copy ``u -> v`` at step ``s`` becomes a reduce ``v -> u`` at step ``S - 1 - s``; ``rounds_per_step``
-    is reversed; a transfer timed ``[start, end]`` in a schedule ending at ``T`` becomes ``[T - end, T - start]``.
-    Applying it twice (with the original collective) gives back the original transfers, with ``op`` reduce.
+    Each copy ``u -> v`` at step ``s`` of ``S`` becomes a reduce ``v -> u`` at step ``S - 1 - s`` (and a reduce
+    a copy); ``rounds_per_step`` is reversed; a transfer timed ``[start, end]`` is reflected within the
+    schedule's time span ``[t0, t1]`` (first start, last end) to ``[t0 + t1 - end, t0 + t1 - start]``. So
+    reversing twice, with the original collective, gives back the original schedule.
 
     >>> from synth.model.collectives import make_collective
     >>> ag = Schedule(make_collective("allgather", 2, 1), "pair", (Transfer(0, 0, 1, 0), Transfer(1, 1, 0, 1)),
@@ -77,13 +79,14 @@ def reverse_schedule(schedule: Schedule, collective: Collective, topology_name: 
     ([(1, 0, 1, 0, 'reduce'), (0, 1, 0, 1, 'reduce')], (2, 1))
     """
     last = schedule.steps - 1
+    starts = [t.start_us for t in schedule.transfers if t.start_us is not None]
     ends = [t.end_us for t in schedule.transfers if t.end_us is not None]
-    makespan = max(ends, default=0.0)
+    span = min(starts, default=0.0) + max(ends, default=0.0)
 
     def flip(t: Transfer) -> Transfer:
-        start = makespan - t.end_us if t.end_us is not None else None
-        end = makespan - t.start_us if t.start_us is not None else None
-        return Transfer(t.chunk, t.dst, t.src, last - t.step, REDUCE, start, end)
+        start = span - t.end_us if t.end_us is not None else None
+        end = span - t.start_us if t.start_us is not None else None
+        return Transfer(t.chunk, t.dst, t.src, last - t.step, COPY if t.op == REDUCE else REDUCE, start, end)
 
     rps = tuple(reversed(schedule.rounds_per_step)) if schedule.rounds_per_step else None
     return replace(schedule, collective=collective, topology=topology_name,
