@@ -11,7 +11,7 @@ class (a time-expanded MILP over fine pieces finds nothing in minutes; rounding 
 3. **order and pipeline**: every candidate's routes are cut into ``k`` pieces (``k`` a power of two up to 32
    unless a sketch or the caller fixes it, with at most 64 transfers on any link, since MSCCL's executor runs at
    most 64 steps per threadblock) and ordered by the list scheduler (:mod:`synth.schedule.list_scheduler`); a timexp solution is
-   also booked in its own epoch order and pipelined (:mod:`synth.schedule.transforms`);
+   also booked in its own epoch order and cut into pieces (:func:`synth.schedule.transforms.cut_into_pieces`);
 4. **verify**: every candidate is replayed (:func:`synth.schedule.replay.verify`); the fastest wins (the best baseline
    itself competes when it respects the sketch, so the result is never slower than it).
 
@@ -19,8 +19,9 @@ Unless given, the chunks per rank start at 1 and double (up to 4) while the best
 more than 1% above the cut bound of :mod:`synth.bounds.physical` on a bandwidth-bound instance: one tree per chunk cannot
 split a rank's data over several trees, more chunks can.
 
-Combining collectives: ReduceScatter is the time reversal of an Allgather schedule on the reversed topology
-(copies become reductions), Reduce of a Broadcast; Allreduce is ReduceScatter followed by Allgather.
+Combining collectives go through the reductions of :mod:`synth.schedule.transforms`: ReduceScatter is the time
+reversal of an Allgather schedule on the reversed topology (copies become reductions), Reduce of a Broadcast;
+Allreduce is ReduceScatter followed by Allgather (the Allgather with the ReduceScatter's chunks and pieces).
 
 ``method="auto"`` runs ``routed`` (see :data:`AUTO_RULE`). The status is the MILP's, honestly: ``optimal`` only
 when HiGHS proved the chunk-level model optimal (its objective estimates the time; the replay gives the real

@@ -1,8 +1,9 @@
 """Orchestration: pick the formulation for a collective, solve, decode, and build combining collectives.
 
-Non-combining collectives (Allgather, Alltoall, Broadcast, Gather, Scatter) are encoded directly.
-ReduceScatter is the time reversal of an Allgather schedule (copies become reductions), Reduce the reversal of
-a Broadcast, Allreduce is ReduceScatter followed by Allgather. The schedule is returned unverified: callers run
+Non-combining collectives (Allgather, Alltoall, Broadcast, Gather, Scatter) are encoded directly; the others go
+through the reductions of :mod:`synth.schedule.transforms`: ReduceScatter is the time reversal of an Allgather
+schedule (copies become reductions), Reduce the reversal of a Broadcast, Allreduce is ReduceScatter followed by
+Allgather with half the steps and rounds each. The schedule is returned unverified: callers run
 :func:`synth.schedule.replay.verify` (``synth solve`` always does).
 """
 
