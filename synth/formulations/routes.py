@@ -157,14 +157,7 @@ class Routes:
 
 def expand_symmetric(problem: AlphaBetaProblem, rep_routes: dict[int, tuple[int, ...]]) -> Routes:
     """Routes for every chunk from the representatives' routes and the symmetry group."""
-    topo = problem.topology
-    out: list[tuple[int, ...] | None] = [None] * len(problem.collective.chunks)
-    images = problem.symmetry.link_images(topo)
-    maps = problem.symmetry.chunk_maps
-    for c, route in rep_routes.items():
-        for g in range(problem.symmetry.order):
-            out[int(maps[g, c])] = tuple(int(images[g, li]) for li in route)
-    return Routes(tuple(r if r is not None else () for r in out))
+    return Routes(tuple(problem.symmetry.expand_routes(problem.topology, rep_routes)))
 
 
 def tree_order(topology: Topology, sources, links) -> tuple[int, ...]:
@@ -230,14 +223,7 @@ def routes_from_schedule(problem: AlphaBetaProblem, schedule: Schedule) -> Route
 
 def is_symmetric(problem: AlphaBetaProblem, routes: Routes) -> bool:
     """True if the routes are invariant under the problem's symmetry group."""
-    images = problem.symmetry.link_images(problem.topology)
-    maps = problem.symmetry.chunk_maps
-    for g in range(1, problem.symmetry.order):
-        for c, route in enumerate(routes.links):
-            image = {int(images[g, li]) for li in route}
-            if image != set(routes.links[int(maps[g, c])]):
-                return False
-    return True
+    return problem.symmetry.routes_invariant(problem.topology, routes.links)
 
 
 # ----------------------------------------------------------------------------------------------- constructive

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -236,11 +236,33 @@ class SymmetryGroup:
                 rep[key] = min((per_link_keys[int(j)][pos] for j in imgs), key=repr)
         return rep
 
-    def route_image(self, topology: Topology, g: int, route: Sequence[int]) -> tuple[int, ...]:
-        """The links permutation ``g`` maps a route (link indices) onto."""
-        p = self.perms[g]
-        links = topology.links
-        return tuple(topology.link_index[(int(p[links[li].src]), int(p[links[li].dst]))] for li in route)
+    def expand_routes(self, topology: Topology, rep_routes: Mapping[int, Sequence[int]]) -> list[tuple[int, ...]]:
+        """Routes (link indices) of every chunk from its orbit representative's: permutation ``g`` maps the
+        route of chunk ``c`` onto the route of chunk ``chunk_maps[g, c]``; chunks no route reaches get ``()``.
+
+        >>> from synth.model.topology import load_topology
+        >>> from synth.model.collectives import make_collective
+        >>> ring = load_topology("ring-4")
+        >>> g = symmetry_for_collective(ring, make_collective("allgather", 4, 1))
+        >>> right = ring.link_index[(0, 1)]
+        >>> [[(ring.links[l].src, ring.links[l].dst) for l in r] for r in g.expand_routes(ring, {0: (right,)})]
+        [[(0, 1)], [(1, 2)], [(2, 3)], [(3, 0)]]
+        """
+        images = self.link_images(topology)
+        out: list[tuple[int, ...]] = [()] * self.chunk_maps.shape[1]
+        for c, route in rep_routes.items():
+            for g in range(self.order):
+                out[int(self.chunk_maps[g, c])] = tuple(int(images[g, li]) for li in route)
+        return out
+
+    def routes_invariant(self, topology: Topology, routes: Sequence[Sequence[int]]) -> bool:
+        """True if every permutation maps the set of links of each chunk's route onto its image chunk's."""
+        images = self.link_images(topology)
+        for g in range(1, self.order):
+            for c, route in enumerate(routes):
+                if {int(images[g, li]) for li in route} != set(routes[int(self.chunk_maps[g, c])]):
+                    return False
+        return True
 
 
 def symmetry_for_collective(topology: Topology, collective: Collective,
