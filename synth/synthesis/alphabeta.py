@@ -199,7 +199,8 @@ def _reversal(reduction: Reversal, size_bytes, method, options, pieces) -> _Solv
 def _concatenation(reduction: Concatenation, size_bytes, method, options, pieces) -> _Solved:
     """The first part is searched freely; the others are solved directly with its chunks per rank before
     pipelining and its piece count, so every part ends with the same chunks per rank."""
-    first, *rest = reduction.apply()
+    parts = reduction.apply()
+    first, *rest = parts
     solved = [_solve(first, size_bytes, method, options, pieces)]
     total = solved[0].schedule.collective.chunks_per_rank
     base = solved[0].notes.get("chunks", total)
@@ -211,7 +212,7 @@ def _concatenation(reduction: Concatenation, size_bytes, method, options, pieces
     report = verify(schedule, reduction.problem.topology, size_bytes)
     status = OPTIMAL if all(s.status == OPTIMAL for s in solved) else FEASIBLE
     gaps = [s.gap for s in solved if s.gap is not None]
-    notes = {p.collective: s.notes for p, s in zip(reduction.apply(), solved)}
+    notes = {p.collective: s.notes for p, s in zip(parts, solved)}
     notes.update({"pieces": k, "time_us": report.time_us})
     return _Solved(schedule, status, sum(s.seconds for s in solved), max(gaps) if gaps else None,
                    min(s.symmetry_order for s in solved), notes)
