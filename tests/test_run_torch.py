@@ -3,7 +3,6 @@
 Needs PyTorch (the ``torch`` extra). Without it the torch-backed tests fail, on purpose, with the install hint.
 """
 
-import importlib.util
 import json
 
 import pytest
@@ -14,15 +13,9 @@ from synth.cli import main
 from synth.errors import InputError, VerificationError
 from synth.runtime.run_plan import plan_program
 from synth.runtime.torch_run import raise_on_failure, run_msccl_file, run_msccl_programs
+from support.extras import need_torch
 from support.shared import ALL_FILES, INVALID_FILE, shared_msccl_xml
 
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
-
-
-def need_torch():
-    if not HAVE_TORCH:
-        pytest.fail("PyTorch is not installed, so synth run cannot be tested: install the extra with "
-                    "pip install -e '.[torch]'")
 
 
 def st(s, type_, srcbuf="i", srcoff=0, dstbuf="o", dstoff=0, cnt=1, depid=-1, deps=-1, hasdep=0):

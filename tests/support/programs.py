@@ -210,7 +210,7 @@ def write_program_files(folder: Path) -> dict[str, Path]:
         programs[case.file_name] = program
         programs["legacy_" + case.file_name] = legacy(program)
     programs["ring_allgather_8_ll128.xml"] = ring_allgather(8, proto="LL128")
-    programs[INVALID_FILE] = reduced_twice_allreduce()
+    programs[INVALID_FILE] = legacy(reduced_twice_allreduce())
     paths = {}
     for name, program in programs.items():
         paths[name] = folder / name
