@@ -48,17 +48,23 @@ def P(coll: str, gpus: dict, nchunks: int, sizes: tuple[int, int, int], inplace:
                         tuple(out))
 
 
-def ring_allgather(n: int = 4, inplace: bool = True, proto: str = "Simple") -> MscclProgram:
-    """One tb per gpu: send own chunk, forward n-2, receive the last. Out of place: cpy i0 -> o[r] first."""
+def ring_allgather(n: int = 4, inplace: bool = True, proto: str = "Simple", channels: int = 1) -> MscclProgram:
+    """One tb per gpu and channel: send own chunk, forward n-2, receive the last. Out of place: cpy i -> o first.
+
+    Channel h moves piece h of every rank's data: rank r's output chunk ``r * channels + h``.
+    """
     gpus = {}
     for r in range(n):
-        steps = []
-        if not inplace:
-            steps.append(S("cpy", "i0", f"o{r}"))
-        steps.append(S("s", f"o{r}", f"o{r}"))
-        steps += [S("rcs" if k < n - 1 else "r", f"o{(r - k) % n}", f"o{(r - k) % n}") for k in range(1, n)]
-        gpus[r] = [T((r + 1) % n, (r - 1) % n, 0, *steps)]
-    return P("allgather", gpus, n, (0 if inplace else 1, n, 0), int(inplace), proto)
+        tbs = []
+        for h in range(channels):
+            def o(rank: int, h: int = h) -> str:
+                return f"o{rank * channels + h}"
+            steps = [] if inplace else [S("cpy", f"i{h}", o(r))]
+            steps.append(S("s", o(r), o(r)))
+            steps += [S("rcs" if k < n - 1 else "r", o((r - k) % n), o((r - k) % n)) for k in range(1, n)]
+            tbs.append(T((r + 1) % n, (r - 1) % n, h, *steps))
+        gpus[r] = tbs
+    return P("allgather", gpus, n * channels, (0 if inplace else channels, n * channels, 0), int(inplace), proto)
 
 
 def ring_reducescatter(n: int = 4) -> MscclProgram:
@@ -72,14 +78,15 @@ def ring_reducescatter(n: int = 4) -> MscclProgram:
     return P("reducescatter", gpus, n, (n, 1, 0))
 
 
-def ring_allreduce(n: int = 4) -> MscclProgram:
-    """In-place ring Allreduce: s, rrs x (n-2), rrcs, rcs x (n-2), r."""
+def ring_allreduce(n: int = 4, channels: int = 1) -> MscclProgram:
+    """In-place ring Allreduce: s, rrs x (n-2), rrcs, rcs x (n-2), r; per channel h on chunks ``c * channels + h``."""
     gpus = {}
+    types = ["s"] + ["rrs"] * (n - 2) + ["rrcs"] + ["rcs"] * (n - 2) + ["r"]
     for r in range(n):
-        types = ["s"] + ["rrs"] * (n - 2) + ["rrcs"] + ["rcs"] * (n - 2) + ["r"]
         chunks = [(r - k) % n for k in range(n)] + [(r - j) % n for j in range(n - 1)]
-        gpus[r] = [T((r + 1) % n, (r - 1) % n, 0, *(S(ty, f"i{c}", f"i{c}") for ty, c in zip(types, chunks)))]
-    return P("allreduce", gpus, n, (n, 0, 0), inplace=1)
+        gpus[r] = [T((r + 1) % n, (r - 1) % n, h, *(S(ty, f"i{c * channels + h}", f"i{c * channels + h}")
+                                                    for ty, c in zip(types, chunks))) for h in range(channels)]
+    return P("allreduce", gpus, n * channels, (n * channels, 0, 0), inplace=1)
 
 
 def direct_alltoall(n: int = 3) -> MscclProgram:
