@@ -19,18 +19,18 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_module_imports(names: set[str]) -> list[str]:
+def imports_of_test_modules(names: set[str]) -> list[str]:
     return sorted(n for n in names if n.split(".")[0].startswith("test_") or n.split(".")[0] == "conftest")
 
 
 @pytest.mark.parametrize("folder,pattern", [("benchmarks", "*.py"), ("tests/support", "*.py")])
 def test_benchmarks_and_support_import_no_test_module(folder, pattern):
-    offenders = {p.name: test_module_imports(imported_modules(p)) for p in sorted((ROOT / folder).glob(pattern))}
+    offenders = {p.name: imports_of_test_modules(imported_modules(p)) for p in sorted((ROOT / folder).glob(pattern))}
     assert {name: mods for name, mods in offenders.items() if mods} == {}
 
 
 def test_test_modules_import_no_other_test_module():
     # test_steps.py still reads its DGX-1 tables through conftest's re-export
     allowed = {"test_steps.py": ["conftest"]}
-    offenders = {p.name: test_module_imports(imported_modules(p)) for p in sorted((ROOT / "tests").glob("test_*.py"))}
+    offenders = {p.name: imports_of_test_modules(imported_modules(p)) for p in sorted((ROOT / "tests").glob("test_*.py"))}
     assert {name: mods for name, mods in offenders.items() if mods and mods != allowed.get(name)} == {}
