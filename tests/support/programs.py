@@ -20,7 +20,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock
+from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock
+
+INVALID_FILE = "reduced_twice_allreduce.xml"   # the file write_program_files writes for reduced_twice_allreduce
 
 # ----------------------------------------------------------------------------------------------- builders
 # S("rcs", "o2", "o2") is a step; T(send, recv, chan, *steps) a tb; P(...) a program. Step and tb ids are
@@ -187,14 +189,13 @@ def reduced_twice_allreduce(n: int = 4) -> MscclProgram:
 
 # ----------------------------------------------------------------------------------------------- formats
 
-LEGACY_COLL = {"reducescatter": "reduce_scatter"}
 _EXECUTOR_ONLY = re.compile(r' (outofplace|minBytes|maxBytes)="None"')
 
 
 def legacy(program: MscclProgram) -> MscclProgram:
     """The program as the legacy format has it: no outofplace/minBytes/maxBytes, legacy collective spelling."""
-    return dataclasses.replace(program, coll=LEGACY_COLL.get(program.coll, program.coll), outofplace=None,
-                               min_bytes=None, max_bytes=None)
+    coll = COLL_SPELLING["legacy"] if program.collective == "reducescatter" else program.coll
+    return dataclasses.replace(program, coll=coll, outofplace=None, min_bytes=None, max_bytes=None)
 
 
 def render(program: MscclProgram) -> str:
@@ -223,6 +224,3 @@ def write_program_files(folder: Path) -> dict[str, Path]:
         paths[name] = folder / name
         paths[name].write_text(render(program))
     return paths
-
-
-INVALID_FILE = "reduced_twice_allreduce.xml"
