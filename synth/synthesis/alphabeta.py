@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
 from synth.model.collectives import Collective, make_collective, normalize_name
 from synth.errors import InfeasibleError, InputError, SolverError, SynthError
+from synth.bounds.physical import bandwidth_bound_us
 from synth.schedule.replay import verify
 from synth.schedule.list_scheduler import book_in_order, list_schedule
 from synth.schedule.transforms import (CollectiveProblem, Concatenation, Reversal, cut_into_pieces, reduction_for,
@@ -45,7 +47,8 @@ from synth.formulations.routes import (AlphaBetaProblem, Routes, is_symmetric, m
                      shortest_path_routes)
 from synth.schedule.ir import Schedule
 from synth.model.sketch import Sketch, load_sketch
-from synth.solver.highs import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, SolverOptions, solve_model
+from synth.solver.highs import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, SolverOptions, Status, solve_model
+from synth.synthesis.baselines import BaselineRun, BaselineTable, evaluate_baselines
 from synth.synthesis.steps import SynthesisResult
 from synth.model.topology import Topology, check_connected
 
@@ -78,17 +81,62 @@ class Candidate:
 
 @dataclass(frozen=True)
 class _Solved:
+    """A verified schedule with the solver's account. ``time_us`` is its replayed time; ``base_chunks`` the chunks
+    per rank before cutting into ``pieces``; ``bandwidth_floor_us``/``best_load_us`` (direct solves only) say
+    whether more chunks per rank could still help. ``record`` is for the report only, never for decisions."""
+
     schedule: Schedule
-    status: str
+    status: Status
     seconds: float
     gap: float | None
     symmetry_order: int
-    notes: dict
+    time_us: float
+    base_chunks: int
+    pieces: int
+    record: dict
+    bandwidth_floor_us: float = 0.0
+    best_load_us: float = 0.0
+
+
+@dataclass(frozen=True)
+class _Booked:
+    """A schedule a MILP ordered (its transfers booked in the model's order); ``splittable``: may be cut into
+    more pieces."""
+
+    label: str
+    schedule: Schedule
+    splittable: bool
+
+
+@dataclass(frozen=True)
+class _MilpOutcome:
+    """What one alpha-beta model gave: routes (None when it found none), schedules in its order, the solver's
+    account, and a record for the report."""
+
+    routes: Routes | None
+    booked: tuple[_Booked, ...]
+    status: Status
+    gap: float | None
+    seconds: float
+    record: dict
+
+
+@dataclass(frozen=True)
+class _Search:
+    """What every sub-problem of one alpha-beta synthesis shares: the size (bytes), the formulation, solver
+    options, the requested pieces, and where baselines come from (built once per request)."""
+
+    size_bytes: float
+    method: str
+    options: SolverOptions
+    pieces: int | None
+    baselines: Callable[[str, Topology], BaselineTable]
 
 
 def synthesize_alpha_beta(topology: Topology, collective_name: str, size_bytes: float, method: str = "auto",
                           sketch: Sketch | str | None = None, chunks: int | None = None, root: int | None = None,
-                          options: SolverOptions = SolverOptions(), pieces: int | None = None) -> SynthesisResult:
+                          options: SolverOptions = SolverOptions(), pieces: int | None = None,
+                          baselines: Callable[[str, Topology], BaselineTable] | None = None) -> SynthesisResult:
     """Synthesize a verified alpha-beta schedule for any collective.
 
     Parameters
@@ -112,6 +160,9 @@ def synthesize_alpha_beta(topology: Topology, collective_name: str, size_bytes: 
     pieces : int, optional
         Pieces per chunk for pipelining (default: the sketch's hint, else the best power of two up to 32 by
         replay, keeping at most 64 transfers on every link).
+    baselines : callable, optional
+        ``(collective, topology) -> BaselineTable`` at ``size_bytes`` and ``root``, so a request builds each
+        baseline table once (:meth:`synth.synthesis.request.SynthesisRequest.baselines_for`); default: built here.
 
     Returns
     -------
@@ -148,11 +199,16 @@ def synthesize_alpha_beta(topology: Topology, collective_name: str, size_bytes: 
     if pieces is None and sketch is not None:
         pieces = sketch.hints.pieces
     chosen = "routed" if method == "auto" else method
+    if baselines is None:
+        def baselines(collective: str, topo: Topology) -> BaselineTable:
+            return evaluate_baselines(collective, topo, size_bytes, root)
     t0 = time.perf_counter()
-    solved = _solve(CollectiveProblem(topology, name, root, chunks, sketch), size_bytes, chosen, options, pieces)
+    search = _Search(size_bytes, chosen, options, pieces, baselines)
+    solved = _solve(CollectiveProblem(topology, name, root, chunks, sketch), search)
     schedule = solved.schedule
     notes = dict(schedule.notes)
-    notes.update(solved.notes)
+    notes.update(solved.record)
+    notes.update({"pieces": solved.pieces, "time_us": solved.time_us, "chunks": solved.base_chunks})
     notes["method"] = f"{method} ({chosen})" if method == "auto" else method
     notes["synthesis_seconds"] = round(time.perf_counter() - t0, 3)
     schedule = replace(schedule, notes=notes)
@@ -173,137 +229,135 @@ def _with_hints(options: SolverOptions, sketch: Sketch | None) -> SolverOptions:
 
 # ----------------------------------------------------------------------------------------------- combining
 
-def _solve(problem: CollectiveProblem, size_bytes: float, method: str, options: SolverOptions,
-           pieces: int | None) -> _Solved:
+def _solve(problem: CollectiveProblem, search: _Search) -> _Solved:
     """Solve a problem directly, or through the reduction (:mod:`synth.schedule.transforms`) that makes it."""
     reduction = reduction_for(problem)
     if isinstance(reduction, Reversal):
-        return _reversal(reduction, size_bytes, method, options, pieces)
+        return _reversal(reduction, search)
     if isinstance(reduction, Concatenation):
-        return _concatenation(reduction, size_bytes, method, options, pieces)
-    return _search_chunks(problem.topology, problem.collective, problem.root, problem.chunks_per_rank, size_bytes,
-                          method, problem.sketch, options, pieces)
+        return _concatenation(reduction, search)
+    return _search_chunks(problem, search)
 
 
-def _reversal(reduction: Reversal, size_bytes, method, options, pieces) -> _Solved:
+def _reversal(reduction: Reversal, search: _Search) -> _Solved:
     (dual,) = reduction.apply()
-    forward = _solve(dual, size_bytes, method, options, pieces)
+    forward = _solve(dual, search)
     schedule = reduction.invert([forward.schedule])
-    report = verify(schedule, reduction.problem.topology, size_bytes)
-    notes = dict(forward.notes)
-    notes["reversal_of"] = reduction.dual
-    notes["time_us"] = report.time_us
-    return replace(forward, schedule=schedule, notes=notes)
+    report = verify(schedule, reduction.problem.topology, search.size_bytes)
+    record = dict(forward.record, reversal_of=reduction.dual)
+    return replace(forward, schedule=schedule, time_us=report.time_us, record=record)
 
 
-def _concatenation(reduction: Concatenation, size_bytes, method, options, pieces) -> _Solved:
+def _concatenation(reduction: Concatenation, search: _Search) -> _Solved:
     """The first part is searched freely; the others are solved directly with its chunks per rank before
     pipelining and its piece count, so every part ends with the same chunks per rank."""
     parts = reduction.apply()
     first, *rest = parts
-    solved = [_solve(first, size_bytes, method, options, pieces)]
+    solved = [_solve(first, search)]
     total = solved[0].schedule.collective.chunks_per_rank
-    base = solved[0].notes.get("chunks", total)
+    base = solved[0].base_chunks
     base, k = (base, total // base) if total % base == 0 else (total, 1)
     for part in rest:
         coll = make_collective(part.collective, part.topology.num_ranks, base, part.root)
-        solved.append(_direct(part.topology, coll, size_bytes, method, part.sketch, options, k, exact_chunks=total))
+        solved.append(_direct(part.topology, coll, part.sketch, search, k, exact_chunks=total))
     schedule = reduction.invert([s.schedule for s in solved])
-    report = verify(schedule, reduction.problem.topology, size_bytes)
+    report = verify(schedule, reduction.problem.topology, search.size_bytes)
     status = OPTIMAL if all(s.status == OPTIMAL for s in solved) else FEASIBLE
     gaps = [s.gap for s in solved if s.gap is not None]
-    notes = {p.collective: s.notes for p, s in zip(parts, solved)}
-    notes.update({"pieces": k, "time_us": report.time_us})
+    record = {p.collective: s.record for p, s in zip(parts, solved)}
     return _Solved(schedule, status, sum(s.seconds for s in solved), max(gaps) if gaps else None,
-                   min(s.symmetry_order for s in solved), notes)
+                   min(s.symmetry_order for s in solved), report.time_us, total, k, record)
 
 
 # ----------------------------------------------------------------------------------------------- direct
 
-def _search_chunks(topology, name, root, chunks, size_bytes, method, sketch, options, pieces) -> _Solved:
+def _search_chunks(problem: CollectiveProblem, search: _Search) -> _Solved:
     """Solve with ``chunks`` per rank, or, when not given, with 1 and then more chunks per rank (2, 4) while the
     best routes' busiest resource stays more than 1% above the cut bound, bandwidth dominates the time and the
     time limit has not passed: one tree per chunk cannot split a rank's data over several trees (tree
     packing), more chunks can."""
-    if chunks is not None:
-        return _direct(topology, make_collective(name, topology.num_ranks, chunks, root), size_bytes, method,
-                       sketch, options, pieces)
+    topology = problem.topology
+
+    def direct(chunks: int) -> _Solved:
+        coll = make_collective(problem.collective, topology.num_ranks, chunks, problem.root)
+        return _direct(topology, coll, problem.sketch, search, search.pieces)
+
+    if problem.chunks_per_rank is not None:
+        return direct(problem.chunks_per_rank)
     best = None
     c = 1
-    deadline = time.perf_counter() + options.time_limit_s
+    deadline = time.perf_counter() + search.options.time_limit_s
     while True:
-        solved = _direct(topology, make_collective(name, topology.num_ranks, c, root), size_bytes, method,
-                         sketch, options, pieces)
-        if best is None or solved.notes["time_us"] < best.notes["time_us"] * (1 - 1e-4):
+        solved = direct(c)
+        if best is None or solved.time_us < best.time_us * (1 - 1e-4):
             best = solved
-        floor, load = solved.notes["bandwidth_floor_us"], solved.notes["best_load_us"]
-        bandwidth_bound = load >= 0.5 * solved.notes["time_us"]
+        floor, load = solved.bandwidth_floor_us, solved.best_load_us
+        bandwidth_bound = load >= 0.5 * solved.time_us
         if c >= MAX_AUTO_CHUNKS or floor <= 0 or load <= floor * (1 + CHUNK_ESCALATION_GAP) or not bandwidth_bound \
                 or time.perf_counter() > deadline:
             return best
         c *= 2
 
 
-def _direct(topology: Topology, coll: Collective, size_bytes: float, method: str, sketch: Sketch | None,
-            options: SolverOptions, pieces: int | None, exact_chunks: int | None = None) -> _Solved:
+def _direct(topology: Topology, coll: Collective, sketch: Sketch | None, search: _Search, pieces: int | None,
+            exact_chunks: int | None = None) -> _Solved:
     """Non-combining collective: starts, one MILP, then pipelined candidates; the fastest verified one wins
     (only candidates with ``exact_chunks`` chunks per rank when given)."""
+    size_bytes, method, options = search.size_bytes, search.method, search.options
     problem = make_problem(topology, coll, size_bytes, sketch)
     floor = _bandwidth_floor(problem)
-    baseline = _best_baseline(problem)
+    baseline = _best_baseline(problem, search)
     starts = _starts(problem, baseline)
     piece_options = _piece_options(problem, [r for _, r in starts], pieces)
     plan_k = max(piece_options)
     start_label, start_routes = min(starts, key=lambda s: _estimate(problem, s[1], plan_k))
     route_sets = list(starts)
-    ordered = []          # (label, schedule, may be pipelined further): schedules booked in a MILP's order
-    status, gap, seconds, notes = FEASIBLE, None, 0.0, {}
     if method == "routed":
-        route, status, gap, seconds, notes = _run_routed(problem, start_routes, plan_k, options, floor)
-        if route is not None:
-            route_sets.append(("routed", route))
+        outcome = _run_routed(problem, start_routes, plan_k, options, floor)
+        if outcome.routes is not None:
+            route_sets.append(("routed", outcome.routes))
+        seconds = outcome.seconds
     else:
         # the epoch model starts from the best routes known: the routed MILP's (given a share of the time)
         share = replace(options, time_limit_s=TIMEXP_ROUTED_SHARE * options.time_limit_s)
-        routed, _, _, routed_s, routed_notes = _run_routed(problem, start_routes, plan_k, share, floor)
-        if routed is not None:
-            route_sets.append(("routed", routed))
-            if _estimate(problem, routed, plan_k) < _estimate(problem, start_routes, plan_k):
-                start_label, start_routes = "routed", routed
-        rest = replace(options, time_limit_s=max(1.0, options.time_limit_s - routed_s))
-        route, ordered, status, gap, seconds, notes = _run_timexp(problem, start_routes, plan_k, rest)
-        seconds += routed_s
-        notes["routed_start"] = {k: routed_notes.get(k) for k in ("solver_status", "objective")}
-        if route is not None:
-            route_sets.append(("timexp", route))
+        routed = _run_routed(problem, start_routes, plan_k, share, floor)
+        if routed.routes is not None:
+            route_sets.append(("routed", routed.routes))
+            if _estimate(problem, routed.routes, plan_k) < _estimate(problem, start_routes, plan_k):
+                start_label, start_routes = "routed", routed.routes
+        rest = replace(options, time_limit_s=max(1.0, options.time_limit_s - routed.seconds))
+        outcome = _run_timexp(problem, start_routes, plan_k, rest)
+        seconds = outcome.seconds + routed.seconds
+        outcome.record["routed_start"] = {k: routed.record.get(k) for k in ("solver_status", "objective")}
+        if outcome.routes is not None:
+            route_sets.append(("timexp", outcome.routes))
+    status, gap, notes = outcome.status, outcome.gap, outcome.record
     notes["start"] = start_label
-    candidates = _evaluate(problem, route_sets, ordered, piece_options, size_bytes, method)
+    candidates = _evaluate(problem, route_sets, outcome.booked, piece_options, size_bytes, method)
     if baseline is not None and _baseline_allowed(problem, baseline.schedule):
         candidates.append(Candidate(f"baseline:{baseline.name}", baseline.schedule, baseline.report.time_us))
     if exact_chunks is not None:
         candidates = [c for c in candidates if c.schedule.collective.chunks_per_rank == exact_chunks]
     runnable = [c for c in candidates if c.schedule.collective.runs_at_power_of_two_sizes]
     best = min(runnable or candidates, key=lambda c: c.time_us)
+    best_load = min(route_loads(problem, r)[0] for _, r in route_sets)
     notes["winner"] = best.label
     notes["candidates_us"] = {c.label: round(c.time_us, 3) for c in sorted(candidates, key=lambda c: c.time_us)}
-    notes["pieces"] = best.schedule.collective.chunks_per_rank // coll.chunks_per_rank
-    notes["time_us"] = best.time_us
-    notes["chunks"] = coll.chunks_per_rank
     notes["bandwidth_floor_us"] = floor
-    notes["best_load_us"] = min(route_loads(problem, r)[0] for _, r in route_sets)
+    notes["best_load_us"] = best_load
     if not best.label.startswith(("routed", "timexp")) and status == OPTIMAL:
         status = FEASIBLE  # the winner did not come from the model that was proven optimal
     schedule = replace(best.schedule, method=f"alpha-beta:{method}")
-    return _Solved(schedule, status, seconds, gap, problem.symmetry.order, notes)
+    pieces_used = best.schedule.collective.chunks_per_rank // coll.chunks_per_rank
+    return _Solved(schedule, status, seconds, gap, problem.symmetry.order, best.time_us, coll.chunks_per_rank,
+                   pieces_used, notes, floor, best_load)
 
 
-def _best_baseline(problem: AlphaBetaProblem):
-    """The fastest NCCL-style baseline (a BaselineRun) at the problem's size, or None."""
+def _best_baseline(problem: AlphaBetaProblem, search: _Search) -> BaselineRun | None:
+    """The fastest NCCL-style baseline at the problem's size (from the request's table), or None."""
     try:
-        from synth.synthesis.baselines import best_baseline
-
-        return best_baseline(problem.collective.name, problem.topology, problem.size_bytes, problem.collective.root)
-    except (ImportError, SynthError):
+        return search.baselines(problem.collective.name, problem.topology).best()
+    except SynthError:
         return None
 
 
@@ -357,7 +411,8 @@ def _piece_routes(routes: Routes, pieces: int) -> list[tuple[int, ...]]:
     return [routes.links[c // pieces] for c in range(len(routes.links) * pieces)]
 
 
-def _evaluate(problem: AlphaBetaProblem, route_sets, ordered, piece_options, size_bytes, method) -> list[Candidate]:
+def _evaluate(problem: AlphaBetaProblem, route_sets, booked: tuple[_Booked, ...], piece_options, size_bytes,
+              method) -> list[Candidate]:
     """List-schedule every route set at every piece count (and book MILP orders), verify, return candidates."""
     topo = problem.topology
     own_first = problem.sketch.internode.own_chunks_first
@@ -373,10 +428,10 @@ def _evaluate(problem: AlphaBetaProblem, route_sets, ordered, piece_options, siz
             sched = list_schedule(topo, coll, _piece_routes(routes, k), size_bytes, f"alpha-beta:{method}",
                                   own_first=own_first, notes={"routes": label, "pieces": k})
             out.append(Candidate(f"{label} x{k}", sched, verify(sched, topo, size_bytes).time_us))
-    for label, sched, splittable in ordered:
-        for k in (piece_options if splittable else [1]):
-            s = cut_into_pieces(sched, k) if k > 1 else sched
-            out.append(Candidate(f"{label} x{k}", s, verify(s, topo, size_bytes).time_us))
+    for b in booked:
+        for k in (piece_options if b.splittable else [1]):
+            s = cut_into_pieces(b.schedule, k) if k > 1 else b.schedule
+            out.append(Candidate(f"{b.label} x{k}", s, verify(s, topo, size_bytes).time_us))
     return out
 
 
@@ -391,7 +446,8 @@ def _baseline_allowed(problem: AlphaBetaProblem, schedule: Schedule) -> bool:
 
 # ----------------------------------------------------------------------------------------------- MILPs
 
-def _run_routed(problem: AlphaBetaProblem, start: Routes, pieces: int, options: SolverOptions, floor: float):
+def _run_routed(problem: AlphaBetaProblem, start: Routes, pieces: int, options: SolverOptions,
+                floor: float) -> _MilpOutcome:
     from synth.formulations.routed import decode_routed, encode_routed
 
     enc = encode_routed(problem, start, pieces, z_lower_us=floor)
@@ -402,20 +458,16 @@ def _run_routed(problem: AlphaBetaProblem, start: Routes, pieces: int, options: 
         raise SolverError("the routing model rejected its own starting routes; this is a bug in the encoder")
     if res.x is None:
         notes["objective"] = None
-        return None, FEASIBLE, None, res.seconds, notes
+        return _MilpOutcome(None, (), FEASIBLE, None, res.seconds, notes)
     notes["objective"] = res.objective
     notes["load_us"] = float(res.x[enc.z_col])
     notes["path_us"] = float(res.x[enc.t_col])
-    return decode_routed(enc, res), res.status, res.gap, res.seconds, notes
+    return _MilpOutcome(decode_routed(enc, res), (), res.status, res.gap, res.seconds, notes)
 
 
 def _bandwidth_floor(problem: AlphaBetaProblem) -> float:
     """A lower bound on the busiest resource's load (us): the topology's cut bound from :mod:`synth.bounds.physical`
     (a sketch only removes links, so the bound stays valid under it); 0 if it cannot be computed."""
-    try:
-        from synth.bounds.physical import bandwidth_bound_us
-    except ImportError:  # pragma: no cover
-        return 0.0
     try:
         value, _ = bandwidth_bound_us(problem.collective.name, problem.topology, problem.size_bytes,
                                       problem.collective.root)
@@ -424,7 +476,7 @@ def _bandwidth_floor(problem: AlphaBetaProblem) -> float:
     return float(value) * (1 - 1e-6) if np.isfinite(value) else 0.0
 
 
-def _run_timexp(problem: AlphaBetaProblem, start: Routes, pieces: int, options: SolverOptions):
+def _run_timexp(problem: AlphaBetaProblem, start: Routes, pieces: int, options: SolverOptions) -> _MilpOutcome:
     from synth.formulations import timexp as te
 
     unicast = all(len(c.dest_ranks - c.sources) <= 1 for c in problem.collective.chunks)
@@ -449,15 +501,15 @@ def _run_timexp(problem: AlphaBetaProblem, start: Routes, pieces: int, options: 
         res = solve_model(enc.model, options, initial=enc.start)
     notes["solver_status"] = res.status
     if res.x is None:
-        return None, [], FEASIBLE, None, res.seconds, notes
+        return _MilpOutcome(None, (), FEASIBLE, None, res.seconds, notes)
     notes["finish_epoch"] = float(res.x[enc.finish_col])
     routes, position = te.decode_copies(enc, res)
     booked = book_in_order(problem.topology, problem.collective, routes.links, problem.size_bytes,
                            "alpha-beta:timexp", position, notes={"routes": "timexp-order"})
-    return routes, [("timexp-order", booked, True)], res.status, res.gap, res.seconds, notes
+    return _MilpOutcome(routes, (_Booked("timexp-order", booked, True),), res.status, res.gap, res.seconds, notes)
 
 
-def _timexp_flow(problem, start: Routes, pieces: int, options: SolverOptions):
+def _timexp_flow(problem, start: Routes, pieces: int, options: SolverOptions) -> _MilpOutcome:
     """Flow LP for unicast collectives: epochs of 1/TIMEXP_FLOW_EPOCHS of the start's makespan; bisect the
     horizon for the fewest epochs the LP can meet, then decompose the flows into pieces."""
     from synth.formulations import timexp as te
@@ -492,7 +544,7 @@ def _timexp_flow(problem, start: Routes, pieces: int, options: SolverOptions):
         mid = (lo + hi) // 2
     notes["solver_status"] = OPTIMAL if best is not None else NO_SOLUTION
     if best is None:
-        return None, [], FEASIBLE, None, seconds, notes
+        return _MilpOutcome(None, (), FEASIBLE, None, seconds, notes)
     enc, res = best
     notes["epochs"] = enc.grid.num_epochs
     piece_routes, position = te.decode_flow(enc, res, pieces, start)
@@ -502,5 +554,5 @@ def _timexp_flow(problem, start: Routes, pieces: int, options: SolverOptions):
     listed = list_schedule(problem.topology, fine, piece_routes, problem.size_bytes, "alpha-beta:timexp",
                            own_first=problem.sketch.internode.own_chunks_first, notes={"routes": "timexp-flow"})
     # the LP is optimal for its horizon; the schedule's status is "feasible" (rounding to pieces is a heuristic)
-    return None, [(f"timexp-flow-order/{pieces}", booked, False), (f"timexp-flow-list/{pieces}", listed, False)], \
-        FEASIBLE, None, seconds, notes
+    return _MilpOutcome(None, (_Booked(f"timexp-flow-order/{pieces}", booked, False),
+                               _Booked(f"timexp-flow-list/{pieces}", listed, False)), FEASIBLE, None, seconds, notes)

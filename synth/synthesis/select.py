@@ -16,7 +16,7 @@ from synth.model.collectives import make_collective
 from synth.schedule.replay import ReplayReport, verify
 from synth.solver.highs import Status
 from synth.synthesis.request import Method, SynthesisRequest
-from synth.synthesis.steps import SynthesisResult, smallest_steps, synthesize_steps
+from synth.synthesis.steps import SynthesisResult, smallest_steps, steps_multiple, synthesize_steps
 
 # The step search in `auto` is worth its time on single machines; beyond this many ranks (or with a sketch)
 # the alpha-beta formulations reach the limit faster (benchmarks/bench_alphabeta.py).
@@ -65,8 +65,7 @@ def step_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> l
         if not request.chunks and not make_collective(name, topology.num_ranks, c, root).runs_at_power_of_two_sizes:
             continue
         s = request.steps if request.steps is not None else smallest_steps(topology, name, c, root)
-        if name == "allreduce" and s % 2:
-            s += 1
+        s += -s % steps_multiple(name)   # a concatenation splits its steps evenly between its parts
         try:
             if request.rounds is not None:
                 result = synthesize_steps(topology, name, s, request.rounds, c, root, request.options)
@@ -90,7 +89,8 @@ def alpha_beta_candidate(request: SynthesisRequest, progress: Progress = _quiet)
     progress(f"  alpha-beta ({method}{', sketch ' + str(request.sketch) if request.sketch else ''})")
     result = synthesize_alpha_beta(request.topology, request.collective, request.size_bytes,
                                    "auto" if method == Method.AUTO else method.value, request.sketch,
-                                   request.chunks, request.root, request.options)
+                                   request.chunks, request.root, request.options,
+                                   baselines=request.baselines_for)
     report = verify(result.schedule, request.topology, request.size_bytes)
     progress(f"  alpha-beta: {report.time_us:.2f} us")
     return Candidate(result.schedule.method, result, report)
