@@ -99,3 +99,42 @@ def test_every_command_has_help(name):
     result = CliRunner().invoke(main, [name, "--help"])
     assert result.exit_code == 0, result.output
     assert "Usage:" in result.output and len(result.output.splitlines()) > 3
+
+
+# ----------------------------------------------------------------------------------------------- signals, ranges
+
+def test_sigterm_gives_one_line_and_its_exit_code(tmp_path):
+    """SIGTERM during a run unwinds like Ctrl-C: one line, exit 143, no output file."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "ar.xml"
+    proc = subprocess.Popen([sys.executable, "-m", "synth", "solve", "alltoall", "--topology", "dgx2",
+                             "--steps", "3", "--rounds", "40", "--chunks", "4", "-o", str(out)],
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1] == "Error: terminated (SIGTERM); no output was written"
+    assert not out.exists() and os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--time-limit", "nan"], "'nan' is not a finite number"),
+    (["--time-limit", "inf"], "'inf' is not a finite number"),
+    (["--mip-gap", "2"], "2 is not in the range 0..1"),
+    (["--threads", "1000000"], "1000000 is not in the range 1<=x<=256"),
+    (["--steps", "1000000000"], "1000000000 is not in the range 1<=x<=256"),
+    (["--chunks", "1000000000"], "1000000000 is not in the range 1<=x<=1024"),
+])
+def test_numeric_options_are_range_checked_before_any_work(args, message):
+    result = CliRunner().invoke(main, ["solve", "allgather", "--topology", "dgx1", *args])
+    assert result.exit_code == 2 and message in result.output, result.output
+
+
+def test_absurd_node_counts_are_refused_with_the_range():
+    result = CliRunner().invoke(main, ["topo", "show", "dgx-h100", "--nodes", "4000"])
+    assert result.exit_code == 1
+    assert "4000 x 8 GPUs is more than the supported 4096 ranks; use --nodes 1..512" in result.output

@@ -1,8 +1,12 @@
-"""Shared CLI plumbing: error conversion, shared options, atomic output files."""
+"""Shared CLI plumbing: error conversion, signals, shared options with checked ranges."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import signal
 import sys
+import threading
 
 import click
 
@@ -11,20 +15,80 @@ from synth.errors import SynthError
 EXIT_BAD_INPUT = 1
 EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
+EXIT_INTERRUPTED = 130          # 128 + SIGINT, as shells report it
+EXIT_TERMINATED = 143           # 128 + SIGTERM
+MAX_SOLVER_THREADS = 256
+# Largest step-formulation S, R and C a command accepts (each beyond anything a runtime could load).
+MAX_STEPS, MAX_ROUNDS, MAX_CHUNKS = 256, 4096, 1024
+MAX_TIME_LIMIT_S = 7 * 24 * 3600.0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a batch scheduler's limit, ``kill``): unwinds like Ctrl-C, so no output is half-written."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt():
+    """Turn SIGTERM into :class:`Terminated` while a command runs (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 class SynthGroup(click.Group):
-    """A click group that turns library errors into one ``Error: ...`` line and the documented exit code."""
+    """A click group that turns library errors, Ctrl-C and SIGTERM into one ``Error: ...`` line and the
+    documented exit code. Commands commit their outputs only at the end, so an interrupted run leaves none."""
 
     def invoke(self, ctx):
         try:
-            return super().invoke(ctx)
+            with terminate_as_interrupt():
+                return super().invoke(ctx)
         except SynthError as exc:
             click.echo(f"Error: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except Terminated:
+            click.echo("Error: terminated (SIGTERM); no output was written", err=True)
+            ctx.exit(EXIT_TERMINATED)
         except KeyboardInterrupt:
-            click.echo("Error: interrupted", err=True)
-            ctx.exit(130)
+            click.echo("Error: interrupted (Ctrl-C); no output was written", err=True)
+            ctx.exit(EXIT_INTERRUPTED)
+
+
+class FiniteFloat(click.ParamType):
+    """A float option that must be finite and within ``[low, high]`` (click's FloatRange lets NaN through)."""
+
+    name = "number"
+
+    def __init__(self, low: float | None = None, high: float | None = None):
+        self.low, self.high = low, high
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, float) and math.isfinite(value):
+            number = value
+        else:
+            try:
+                number = float(value)
+            except (TypeError, ValueError):
+                self.fail(f"{value!r} is not a number", param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        if (self.low is not None and number < self.low) or (self.high is not None and number > self.high):
+            self.fail(f"{number:g} is not in the range {self._range()}", param, ctx)
+        return number
+
+    def _range(self) -> str:
+        low = "-inf" if self.low is None else f"{self.low:g}"
+        high = "inf" if self.high is None else f"{self.high:g}"
+        return f"{low}..{high}"
 
 
 def echo_err(message: str) -> None:
@@ -36,14 +100,16 @@ def solver_options_for(time_limit_s: float = 60.0, time_limit_help: str | None =
     """--time-limit, --mip-gap, --threads, --seed for a command that runs the solver (defaults per command)."""
     def decorate(func):
         options = [
-            click.option("--time-limit", type=click.FloatRange(min=0.1), default=time_limit_s, show_default=True,
+            click.option("--time-limit", type=FiniteFloat(0.1, MAX_TIME_LIMIT_S), default=time_limit_s,
+                         show_default=True,
                          help=time_limit_help or "Solver wall-clock limit in seconds; the best schedule found by "
                                                  "then is used."),
-            click.option("--mip-gap", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+            click.option("--mip-gap", type=FiniteFloat(0.0, 1.0), default=0.0, show_default=True,
                          help="Relative MIP gap at which the solver may stop."),
-            click.option("--threads", type=click.IntRange(min=1), default=None,
+            click.option("--threads", type=click.IntRange(1, MAX_SOLVER_THREADS), default=None,
                          help=threads_help or "Solver threads (default: HiGHS' choice)."),
-            click.option("--seed", type=int, default=0, show_default=True, help="Solver random seed."),
+            click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
+                         help="Solver random seed."),
         ]
         for option in reversed(options):
             func = option(func)

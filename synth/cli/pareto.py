@@ -8,10 +8,7 @@ found.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import signal
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +17,9 @@ import click
 from synth.model.collectives import COLLECTIVES, normalize_name
 from synth.errors import NoSolutionError
 from synth.units import format_size
-from synth.cli._common import is_tty, solver_options_for
+from synth.cli._common import (MAX_CHUNKS, MAX_SOLVER_THREADS, MAX_STEPS, MAX_TIME_LIMIT_S, FiniteFloat, is_tty,
+                               solver_options_for)
+from synth.model.topology import MAX_RANKS
 
 _SIZES_HELP = ("Size range LOW:HIGH (nccl-tests' sizes, e.g. 1KB:1GB) for the per-size choice and the bundle; "
                "'none' stops after the step frontier.")
@@ -72,23 +71,6 @@ class _Progress:
     def done(self) -> None:
         if self.enabled and self.tty:
             click.echo("", err=True)
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt():
-    """SIGTERM (a batch scheduler's limit, `kill`) unwinds like Ctrl-C: workers stop, frontier.json stays."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _limit_fn(collective, topology, root):
@@ -145,15 +127,15 @@ def _size_table(plan, algorithms) -> None:
 @click.argument("collective", type=click.Choice(COLLECTIVES + ("reduce_scatter",), case_sensitive=False),
                 metavar="COLLECTIVE")
 @click.option("--topology", "-t", required=True, help="Built-in topology name (see `synth topo list`) or JSON file.")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--nodes", type=click.IntRange(1, MAX_RANKS), default=1, show_default=True,
               help="Compose this many copies of a single-node topology through their NICs.")
 @click.option("--sketch", default=None, help="Sketch (name or JSON file) for the alpha-beta formulation.")
 @click.option("--root", type=click.IntRange(min=0), default=None, help="Root rank for rooted collectives (default 0).")
-@click.option("--max-steps", type=click.IntRange(min=1), default=None,
+@click.option("--max-steps", type=click.IntRange(1, MAX_STEPS), default=None,
               help="Largest step count searched (default: the hop lower bound + 4).")
-@click.option("--max-chunks", type=click.IntRange(min=1), default=8, show_default=True,
+@click.option("--max-chunks", type=click.IntRange(1, MAX_CHUNKS), default=8, show_default=True,
               help="Largest chunks per rank C searched; the frontier is exact within this cap.")
-@click.option("--budget", type=click.FloatRange(min=0.0), default=None,
+@click.option("--budget", type=FiniteFloat(0.0, MAX_TIME_LIMIT_S), default=None,
               help="Stop the step sweep after this many seconds (the frontier is then not proven).")
 @click.option("--no-symmetry", is_flag=True, help="Solve the full models only (slower; for cross-checking).")
 @click.option("--sizes", default="1KB:1GB", show_default=True, help=_SIZES_HELP)
@@ -166,7 +148,7 @@ def _size_table(plan, algorithms) -> None:
 @click.option("--method", default="auto", show_default=True, help="Alpha-beta formulation: auto, routed or timexp.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Directory for frontier.json, frontier.png/.svg, README.txt and the msccl/ bundle.")
-@click.option("--workers", type=click.IntRange(min=1), default=None,
+@click.option("--workers", type=click.IntRange(1, MAX_SOLVER_THREADS), default=None,
               help="Local worker processes (default: one per CPU; 1 solves in this process).")
 @click.option("--scheduler", default=None, metavar="ADDRESS",
               help="Run the solves on a Dask distributed cluster, e.g. tcp://host:8786 (pip install distributed).")
@@ -218,7 +200,7 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
     def snapshot(points, search):
         return Frontier(spec, tuple(points), pareto_filter(points), search.stop_reason, time.perf_counter() - t0)
 
-    with _terminate_as_interrupt(), open_executor(workers, scheduler) as (executor, slots):
+    with open_executor(workers, scheduler) as (executor, slots):
         search = FrontierSearch(topo, spec, budget)
         points = []
         for point in search.points(executor, slots, on_start=progress.start):

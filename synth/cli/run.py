@@ -6,6 +6,8 @@ import json
 
 import click
 
+from synth.cli._common import MAX_TIME_LIMIT_S, FiniteFloat
+
 
 @click.command("run")
 @click.argument("file", type=click.Path(dir_okay=False))
@@ -16,7 +18,7 @@ import click
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--chunk-elements", type=click.IntRange(min=1, max=4096), default=16, show_default=True,
               help="float64 values per chunk.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=1.0), default=60.0, show_default=True,
+@click.option("--timeout", "timeout_s", type=FiniteFloat(1.0, MAX_TIME_LIMIT_S), default=60.0, show_default=True,
               help="Seconds a receive or dependency may wait before the run is declared stuck.")
 @click.option("--root", type=click.IntRange(min=0), default=0, show_default=True,
               help="Root rank of broadcast/reduce/gather/scatter programs.")

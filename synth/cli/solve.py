@@ -15,7 +15,8 @@ from synth.synthesis.comparison import compare_with_limits
 from synth.solver.highs import SolverOptions
 from synth.model.topology import load_topology
 from synth.units import format_size, parse_size
-from synth.cli._common import echo_err, solver_options
+from synth.cli._common import MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, echo_err, solver_options
+from synth.model.topology import MAX_RANKS
 
 
 def _emit_first_accepted(choices, target, topo, size_bytes, **lower_options):
@@ -37,7 +38,7 @@ def _emit_first_accepted(choices, target, topo, size_bytes, **lower_options):
 @click.argument("collective", type=click.Choice(COLLECTIVES + ("reduce_scatter",), case_sensitive=False),
                 metavar="COLLECTIVE")
 @click.option("--topology", "-t", required=True, help="Built-in topology name (see `synth topo list`) or JSON file.")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--nodes", type=click.IntRange(1, MAX_RANKS), default=1, show_default=True,
               help="Compose this many copies of a single-node topology through their NICs.")
 @click.option("--size", default="1MB", show_default=True,
               help="Per-rank buffer size as nccl-tests prints it (e.g. 64KB, 1MB, 1GB); sets the predicted time.")
@@ -46,10 +47,10 @@ def _emit_first_accepted(choices, target, topo, size_bytes, **lower_options):
                    "pipelining; auto: every applicable one plus the baselines, fastest verified wins.")
 @click.option("--sketch", default=None,
               help="Communication sketch: built-in name (sketches/) or JSON file (ours or TACCL's).")
-@click.option("--steps", type=click.IntRange(min=1), default=None, help="Steps S (default: the hop lower bound).")
-@click.option("--rounds", type=click.IntRange(min=1), default=None,
+@click.option("--steps", type=click.IntRange(1, MAX_STEPS), default=None, help="Steps S (default: the hop lower bound).")
+@click.option("--rounds", type=click.IntRange(1, MAX_ROUNDS), default=None,
               help="Total rounds R (default: the fewest that are feasible).")
-@click.option("--chunks", type=click.IntRange(min=1), default=None,
+@click.option("--chunks", type=click.IntRange(1, MAX_CHUNKS), default=None,
               help="Chunks per rank C (default: searched at --size).")
 @click.option("--root", type=click.IntRange(min=0), default=None, help="Root rank for rooted collectives (default 0).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write MSCCL XML here.")

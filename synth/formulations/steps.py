@@ -21,11 +21,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from synth.model.collectives import Collective
-from synth.errors import InfeasibleError
+from synth.errors import InfeasibleError, InputError
 from synth.schedule.ir import COPY, Schedule, Transfer
 from synth.solver.highs import Model, RowBuilder, SolveResult
 from synth.model.symmetry import SymmetryGroup, symmetry_for_collective
 from synth.model.topology import Topology
+
+
+# An upper bound on send columns (before pruning) the step model may allocate; larger asks are refused up front.
+MAX_SEND_COLUMNS = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,11 @@ def encode_steps(topology: Topology, collective: Collective, steps: int, rounds:
         raise InfeasibleError(f"{collective.name} on {topology.name} needs at least {need} steps (hop distance); "
                               f"asked for {steps}")
     n = topology.num_ranks
+    columns = len(collective.chunks) * len(topology.links) * steps
+    if columns > MAX_SEND_COLUMNS:
+        raise InputError("--steps", "", f"the step model would have about {columns:,} send variables (chunks x "
+                         f"links x steps), more than the {MAX_SEND_COLUMNS:,} it can hold; ask for fewer steps or "
+                         "chunks, or use --method routed")
     symmetry = symmetry_for_collective(topology, collective) if use_symmetry else \
         SymmetryGroup.trivial(n, len(collective.chunks))
     reps = symmetry.chunk_orbit_reps()

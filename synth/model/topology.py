@@ -397,6 +397,9 @@ def compose_nodes(topo: Topology, nodes: int) -> Topology:
                          f"{topo.num_nodes} nodes")
     if not topo.nics:
         raise InputError(topo.source, "nics", "has no NICs, so nodes cannot be joined; add a nics entry")
+    if nodes * topo.num_ranks > MAX_RANKS:
+        raise InputError("--nodes", "", f"{nodes} x {topo.num_ranks} GPUs is more than the supported {MAX_RANKS} "
+                         f"ranks; use --nodes 1..{MAX_RANKS // topo.num_ranks}")
     n = topo.num_ranks
     raw = topo.to_dict()
     links, switches, ports = [], [], []
