@@ -23,6 +23,7 @@ import networkx as nx
 
 from synth.errors import InputError
 from synth.fileio import document_name
+from synth.model.taccl import is_taccl_topology, taccl_topology_to_dict
 
 MAX_RANKS = 4096
 FORMAT = "synth-topology/1"
@@ -287,7 +288,7 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
 
 
 def load_topology_file(path: str | Path) -> Topology:
-    """Load a topology JSON file (our format; TACCL's format is recognised and converted)."""
+    """Load a topology JSON file (our format; TACCL's profiles are recognised and converted, see synth.model.taccl)."""
     path = Path(path)
     source = str(path)
     try:
@@ -298,37 +299,9 @@ def load_topology_file(path: str | Path) -> Topology:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
-    if isinstance(raw, dict) and "links" in raw and isinstance(raw.get("links"), list) and raw["links"] \
-            and isinstance(raw["links"][0], list):
-        raw = taccl_to_dict(raw, source)
+    if is_taccl_topology(raw):
+        raw = taccl_topology_to_dict(raw, source)
     return topology_from_dict(raw, source)
-
-
-def taccl_to_dict(raw: dict, source: str) -> dict:
-    """Convert TACCL's topology format: ``links`` (lane-count matrix), ``alpha``/``betas`` (us, us/MB) matrices.
-
-    TACCL stores beta in microseconds per megabyte (1e6 bytes), so ``bw_GBps = 1e3 / beta``.
-    """
-    matrix = raw["links"]
-    n = len(matrix)
-    alpha = raw.get("alpha", raw.get("alphas"))
-    betas = raw.get("betas", raw.get("beta"))
-    out_links = []
-    for i in range(n):
-        if not isinstance(matrix[i], list) or len(matrix[i]) != n:
-            raise InputError(source, f"links[{i}]", f"must be a row of {n} lane counts")
-        for j in range(n):
-            lanes = matrix[i][j]
-            if i != j and lanes:
-                a = alpha[i][j] if isinstance(alpha, list) else (alpha if alpha is not None else 0.0)
-                b = betas[i][j] if isinstance(betas, list) else betas
-                if not b or b <= 0:
-                    raise InputError(source, f"betas[{i}][{j}]", "must be a positive us/MB value")
-                out_links.append({"src": i, "dst": j, "alpha_us": float(a), "bw_GBps": 1e3 / float(b),
-                                  "lanes": int(lanes)})
-    gpn = raw.get("gpus_per_node", n)
-    return {"format": FORMAT, "name": raw.get("name", Path(source).stem), "ranks": n, "gpus_per_node": gpn,
-            "links": out_links}
 
 
 # ----------------------------------------------------------------------------------------------- built-ins
@@ -369,11 +342,13 @@ def load_topology(name_or_path: str, nodes: int = 1) -> Topology:
     if path.suffix == ".json" or path.exists():
         topo = load_topology_file(path)
     else:
-        candidate = builtin_dir() / f"{name_or_path}.json"
+        # Names are case-insensitive: msccl-tools and TACCL spell them DGX1, DGX2, NDv2.
+        key = name_or_path.lower()
+        candidate = builtin_dir() / f"{key}.json"
         if candidate.is_file():
-            topo = topology_from_dict(json.loads(candidate.read_text()), f"topologies/{name_or_path}.json")
+            topo = topology_from_dict(json.loads(candidate.read_text()), f"topologies/{key}.json")
         else:
-            m = _FAMILY.match(name_or_path)
+            m = _FAMILY.match(key)
             if m and 2 <= int(m.group(2)) <= 1024:
                 topo = topology_from_dict(_family_dict(m.group(1), int(m.group(2))), name_or_path)
             else:
