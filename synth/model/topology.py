@@ -72,11 +72,16 @@ class Switch:
 
 @dataclass(frozen=True)
 class Nic:
-    """A node's network interface: which local ranks use it, its bandwidth (GB/s) and latency (us)."""
+    """A node's network interface: which local ranks use it, its bandwidth (GB/s) and latency (us).
+
+    ``net_devs`` are NCCL's network device numbers (``<net dev>`` of a topology dump) of its ports, when the
+    topology was imported from one; NCCL graph files name NICs by them.
+    """
 
     ranks: tuple[int, ...]
     bw_GBps: float
     alpha_us: float
+    net_devs: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,8 @@ class Topology:
                            for p in s.ports]}
                 for s in self.switches
             ],
-            "nics": [{"ranks": list(n.ranks), "bw_GBps": n.bw_GBps, "alpha_us": n.alpha_us} for n in self.nics],
+            "nics": [dict({"ranks": list(n.ranks), "bw_GBps": n.bw_GBps, "alpha_us": n.alpha_us},
+                          **({"net_devs": list(n.net_devs)} if n.net_devs else {})) for n in self.nics],
         }
         if self.symmetries:
             out["symmetries"] = [list(s) for s in self.symmetries]
@@ -269,8 +275,12 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
         if not isinstance(rn, dict) or not isinstance(rn.get("ranks"), list):
             raise InputError(source, where, "must be an object with ranks, bw_GBps and alpha_us")
         ranks = tuple(_rank(r, gpn, source, f"{where}.ranks") for r in rn["ranks"])
+        devs = rn.get("net_devs", [])
+        if not isinstance(devs, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                 for d in devs):
+            raise InputError(source, f"{where}.net_devs", "must be a list of NCCL net device numbers (>= 0)")
         nics.append(Nic(ranks, float(_num(rn, "bw_GBps", source, where)),
-                        float(_num(rn, "alpha_us", source, where, default=1.0, positive=False))))
+                        float(_num(rn, "alpha_us", source, where, default=1.0, positive=False)), tuple(devs)))
 
     symmetries = []
     for k, perm in enumerate(raw.get("symmetries", [])):
