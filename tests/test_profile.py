@@ -190,13 +190,16 @@ def test_new_commands_have_help(args):
 
 
 _ROWS = nccl_tests_output("sendrecv", 2, 3.0, 20.0, 0.02, 7).splitlines(keepends=True)
+_AG_ROWS = nccl_tests_output("all_gather", 8, 3.0, 20.0, 0.02, 7, header=False).splitlines(keepends=True)
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.sampled_from(_ROWS) | st.text(max_size=80), max_size=40), st.sampled_from([None, "all_reduce"]))
-def test_any_text_ends_in_a_fit_or_an_input_error(lines, test):
+@given(st.lists(st.sampled_from(_ROWS + _AG_ROWS) | st.text(max_size=80), max_size=40),
+       st.sampled_from([None, "sendrecv", "all_reduce", "all_gather", "alltoall"]),
+       st.sampled_from(["", "[1,0]<stdout>:", " 3: "]))
+def test_any_text_ends_in_a_fit_or_an_input_error(lines, test, prefix):
     try:
-        table = parse_nccl_tests("".join(lines), "fuzz.txt", test or "sendrecv")
+        table = parse_nccl_tests("".join(prefix + l for l in lines), "fuzz.txt", test)
         from backends.nccl.nccl_tests import fit_table
         fit = fit_table(table)
     except InputError:
