@@ -19,7 +19,8 @@ validates:
 - **NVSwitch**: every attached GPU is a port of one switch per node, with egress and ingress bandwidth
   ``count * per-link bandwidth``.
 - **PCIe**: GPUs that cannot reach each other over NVLink at all (not directly, not through an NVSwitch, not
-  through other GPUs' NVLinks) get a PCIe link whose bandwidth is the narrowest link on the PCIe path between
+  through other GPUs' NVLinks) get a PCIe link (``path_type`` PIX/PXB/PHB/SYS as NCCL names the path; NVLinks
+  are NVL) whose bandwidth is the narrowest link on the PCIe path between
   them (each ``pci`` element's ``link_speed`` x ``link_width``, see :func:`pcie_bandwidth_GBps`), crossing the
   inter-CPU link when they hang off different CPUs. Shared PCIe uplinks are not modelled as shared.
 - **NICs**: every ``<net>`` is a network port with ``speed`` (Mb/s) / 8000 GB/s and NCCL's device number
@@ -311,6 +312,18 @@ def _path_bandwidth(a: tuple, b: tuple, vendors: dict) -> float | None:
     return min(known) if known else None
 
 
+def _pcie_path_type(a: tuple, b: tuple) -> str:
+    """NCCL's path type between two GPUs over PCIe: PIX (one PCIe switch), PXB (several), PHB (through the
+    CPU's host bridge), SYS (across CPU sockets)."""
+    ids_b = {id(e): i for i, e in enumerate(b)}
+    for i, e in enumerate(a):
+        if id(e) in ids_b:
+            if e.tag == "cpu":
+                return "PHB"
+            return "PIX" if i + ids_b[id(e)] - 1 <= 1 else "PXB"
+    return "SYS"
+
+
 def _hops(a: tuple, b: tuple) -> int:
     ids_b = {id(e): i for i, e in enumerate(b)}
     for i, e in enumerate(a):
@@ -346,7 +359,7 @@ def _node_parts(node: _Node, warnings: list[str]) -> dict:
                     links[(i, dst)]["lanes"] += count
                 else:
                     links[(i, dst)] = {"src": i, "dst": dst, "alpha_us": NVLINK_ALPHA_US, "bw_GBps": g.link_GBps,
-                                       "lanes": count}
+                                       "lanes": count, "path_type": "NVL"}
                 nvl_neighbours[i].add(dst)
                 nvl_neighbours[dst].add(i)
         if on_switch:
@@ -363,7 +376,8 @@ def _node_parts(node: _Node, warnings: list[str]) -> dict:
             if bw is None:
                 raise InputError(source, f"{a.where}", f"no PCIe link speed on the path to gpu[dev={b.dev}]; "
                                  "the dump must give link_speed and link_width")
-            links[(i, j)] = {"src": i, "dst": j, "alpha_us": PCIE_ALPHA_US, "bw_GBps": bw, "lanes": 1}
+            links[(i, j)] = {"src": i, "dst": j, "alpha_us": PCIE_ALPHA_US, "bw_GBps": bw, "lanes": 1,
+                             "path_type": _pcie_path_type(a.chain, b.chain)}
     return {"links": [links[k] for k in sorted(links)], "switch_ports": switch_ports,
             "nics": _assign_nics(node)}
 

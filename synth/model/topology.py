@@ -27,6 +27,8 @@ from synth.model.taccl import is_taccl_topology, taccl_topology_to_dict
 
 MAX_RANKS = 4096
 FORMAT = "synth-topology/1"
+# NCCL's path types between two GPUs, best first (NCCL's kvDictLinkType spelling).
+PATH_TYPES = ("NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,9 @@ class Link:
     """A directed connection ``src -> dst``.
 
     ``switch``/``egress_port``/``ingress_port`` are set for logical links through a switch: the transfer then
-    also uses those ports' bandwidth.
+    also uses those ports' bandwidth. ``path_type`` is NCCL's name for what the link is made of (``NVL``
+    NVLink/xGMI, ``PIX``/``PXB``/``PHB``/``SYS`` PCIe paths, see :data:`PATH_TYPES`) when known, e.g. from an
+    NCCL topology dump; empty means unknown (built-ins describe NVLink and NVSwitch).
     """
 
     src: int
@@ -45,6 +49,7 @@ class Link:
     switch: str | None = None
     egress_port: int | None = None
     ingress_port: int | None = None
+    path_type: str = ""
 
     @property
     def capacity_GBps(self) -> float:
@@ -152,7 +157,8 @@ class Topology:
             "ranks": self.num_ranks,
             "gpus_per_node": self.gpus_per_node,
             "links": [
-                {"src": l.src, "dst": l.dst, "alpha_us": l.alpha_us, "bw_GBps": l.bw_GBps, "lanes": l.lanes}
+                dict({"src": l.src, "dst": l.dst, "alpha_us": l.alpha_us, "bw_GBps": l.bw_GBps, "lanes": l.lanes},
+                     **({"path_type": l.path_type} if l.path_type else {}))
                 for l in self.links if l.switch is None
             ],
             "switches": [
@@ -235,11 +241,15 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
         alpha = _num(rl, "alpha_us", source, where, default=defaults.get("alpha_us"), positive=False)
         bw = _num(rl, "bw_GBps", source, where, default=defaults.get("bw_GBps"))
         lanes = _num(rl, "lanes", source, where, default=1, integer=True)
+        path_type = rl.get("path_type", "")
+        if path_type and path_type not in PATH_TYPES:
+            raise InputError(source, f"{where}.path_type", f"unknown path type {path_type!r}; NCCL's are "
+                             f"{', '.join(PATH_TYPES)}")
         pairs = [(src, dst), (dst, src)] if rl.get("bidirectional", False) else [(src, dst)]
         for a, b in pairs:
             if (a, b) in links:
                 raise InputError(source, where, f"link {a}->{b} is listed twice; use lanes for parallel links")
-            links[(a, b)] = Link(a, b, float(alpha), float(bw), int(lanes))
+            links[(a, b)] = Link(a, b, float(alpha), float(bw), int(lanes), path_type=path_type)
 
     switches = []
     for si, rs in enumerate(raw.get("switches", [])):
