@@ -191,12 +191,17 @@ def test_our_multi_node_ring_baseline_is_exportable():
     assert channels[0] == [r % 8 for r in (ring[start:] + ring[:start])[:8]]
 
 
-def test_multi_node_channels_name_nccls_own_net_devices_from_the_dump():
-    """Dual-port NICs of an imported dump: <net dev> is NCCL's device of the GPU's NIC, ports alternating."""
+def _imported(dump_name: str, copies: int = 1):
+    """A topology imported from one of the project's NCCL dump fixtures (tests/data/nccl/README.md)."""
     from backends.nccl.topo_import import import_nccl_dumps
     from synth.model.topology import topology_from_dict
-    dump = Path(__file__).resolve().parent / "data" / "nccl" / "h100_dual_port_nic.xml"
-    topo = topology_from_dict(import_nccl_dumps([dump, dump]), str(dump))
+    dump = Path(__file__).resolve().parent / "data" / "nccl" / dump_name
+    return topology_from_dict(import_nccl_dumps([dump] * copies), str(dump))
+
+
+def test_multi_node_channels_name_nccls_own_net_devices_from_the_dump():
+    """Dual-port NICs of an imported dump: <net dev> is NCCL's device of the GPU's NIC, ports alternating."""
+    topo = _imported("h100_dual_port_nic.xml", copies=2)
     order = list(range(8))
     text = export_nccl_graph(_ring_schedule("allgather", order + [r + 8 for r in order], topo.name), topo)
     channels = re.findall(r"<channel>\n((?:.*\n)*?)    </channel>", text)
@@ -208,27 +213,11 @@ def test_multi_node_channels_name_nccls_own_net_devices_from_the_dump():
 
 
 def test_typeintra_follows_the_links_pcie_rings_are_not_nvl():
-    from backends.nccl.topo_import import import_nccl_dumps
-    from synth.model.topology import topology_from_dict
-    dump = Path(__file__).resolve().parent / "data" / "nccl" / "pcie_4gpu.xml"
-    topo = topology_from_dict(import_nccl_dumps([dump]), str(dump))
+    topo = _imported("pcie_4gpu.xml")
     text = export_nccl_graph(_ring_schedule("allgather", [0, 1, 2, 3], topo.name), topo)
     assert 'typeintra="PHB"' in text        # 0->1 share a PCIe switch (PIX), the others cross the host bridge
     assert 'typeintra="NVL"' in export_nccl_graph(_ring_schedule("allgather", list(range(8)), "dgx-a100"),
                                                   load_topology("dgx-a100"))
-
-
-def test_cli_prints_the_channel_count_it_wrote_and_refuses_net_as_typeinter(tmp_path):
-    topo = load_topology("dgx1")
-    ring = tmp_path / "ring.json"
-    ring.write_text(build_baseline("multi-ring", "allgather", topo).to_json())
-    out = tmp_path / "graph.xml"
-    result = CliRunner().invoke(main, ["export", "nccl-graph", str(ring), "--topology", "DGX1", "-o", str(out)])
-    assert result.exit_code == 0, result.output
-    written = len(read_nccl_graph(out.read_text(), 8, multi_node=False))
-    assert f"wrote {out}: {written} channel(s) at " in result.output
-    result = CliRunner().invoke(main, ["export", "nccl-graph", str(ring), "--topology", "dgx1", "--typeinter", "NET"])
-    assert result.exit_code == 2
 
 
 def test_rank_count_must_match_the_topology():
@@ -241,9 +230,12 @@ def test_cli_export_writes_the_file_and_refuses_non_rings(tmp_path):
     ring = tmp_path / "ring.json"
     ring.write_text(build_baseline("ring", "allgather", topo).to_json())
     out = tmp_path / "graph.xml"
-    result = CliRunner().invoke(main, ["export", "nccl-graph", str(ring), "--topology", "dgx1", "-o", str(out)])
+    result = CliRunner().invoke(main, ["export", "nccl-graph", str(ring), "--topology", "DGX1", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    read_nccl_graph(out.read_text(), 8, multi_node=False)
+    written = len(read_nccl_graph(out.read_text(), 8, multi_node=False))
+    assert f"wrote {out}: {written} channel(s) at 20 GB/s each, typeintra NVL" in result.output
+    result = CliRunner().invoke(main, ["export", "nccl-graph", str(ring), "--topology", "dgx1", "--typeinter", "NET"])
+    assert result.exit_code == 2   # NET is not one of NCCL's path types
     pairs = tmp_path / "pairs.json"
     pairs.write_text(build_baseline("all-pairs", "allgather", load_topology("dgx-a100")).to_json())
     bad = tmp_path / "bad.xml"
