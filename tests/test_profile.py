@@ -324,3 +324,19 @@ def test_multi_node_all_reduce_is_a_bus_bandwidth_not_a_link(tmp_path):
     assert "not the bandwidth of one link" in fit.bandwidth_means
     result = CliRunner().invoke(main, ["profile", "fit", str(f)])
     assert "all_reduce, 16 ranks on 2 nodes" in result.output and "bus bandwidth 45" in result.output
+
+
+def test_header_less_per_iteration_table_reads_the_in_place_time_column(tmp_path):
+    """A header-less table printed with per-iteration timing (21 columns: i_min, i_max, i_p99, i_cv% after each
+    #wrong): the in-place time is column 13, not column 9."""
+    rows = []
+    for k in range(20):
+        size = 8 << k
+        t = 3.0 + size / 20e3
+        rows.append(f"{size} {size // 4} float sum -1 {t:.3f} 0 0 0 {t / 2:.3f} {t * 2:.3f} {t * 2:.3f} 1.0 "
+                    f"{t:.3f} 0 0 0 {t / 2:.3f} {t * 2:.3f} {t * 2:.3f} 1.0")
+    f = tmp_path / "sendrecv_iter.txt"
+    f.write_text("\n".join(rows) + "\n")
+    (fit,) = fit_nccl_tests([f])
+    assert fit.samples == 40 and fit.rel_rms_error < 1e-3
+    assert fit.alpha_us == pytest.approx(3.0, rel=1e-2) and fit.bw_GBps == pytest.approx(20.0, rel=1e-2)

@@ -7,10 +7,12 @@ feature it exercises.
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from synth.errors import InputError
 from synth.model.taccl import profile_size_bytes, taccl_topology_to_dict
-from synth.model.topology import check_connected, load_topology
+from synth.model.topology import check_connected, load_topology, topology_from_dict
 
 MB = 1 << 20
 
@@ -98,6 +100,7 @@ def test_custom_matrix_form_is_indexed_destination_then_source(tmp_path):
     ({"name": "z", "gpus_per_node": 4, "alpha": 1, "node_betas_list": [1], "nics_per_node": 3,
       "remote_alpha": 1, "remote_beta": 1}, "nics_per_node", "evenly"),
     ({"name": "z", "gpus_per_node": 2, "links": [[0, 1], [1]], "betas": 4}, "links", "2 x 2 matrix"),
+    ({"name": "z", "gpus_per_node": 10 ** 7, "alpha": 1, "node_betas_list": [1]}, "gpus_per_node", "1..4096"),
 ])
 def test_profiles_that_give_no_usable_links_name_the_fields(tmp_path, raw, field, words):
     with pytest.raises(InputError) as info:
@@ -108,3 +111,20 @@ def test_profiles_that_give_no_usable_links_name_the_fields(tmp_path, raw, field
 @pytest.mark.parametrize("spelling", ["DGX1", "Dgx1", "NDv2", "Ring-4"])
 def test_builtin_names_are_case_insensitive_as_msccl_tools_spells_them(spelling):
     assert load_topology(spelling).name == spelling.lower()
+
+
+_VALUES = st.one_of(st.integers(-2, 20), st.floats(-1, 300, allow_nan=False), st.text(max_size=4), st.none(),
+                    st.lists(st.floats(0, 60, allow_nan=False) | st.integers(0, 3), max_size=4),
+                    st.lists(st.lists(st.integers(0, 2), min_size=2, max_size=3), min_size=2, max_size=3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.dictionaries(st.sampled_from(["name", "gpus_per_node", "nics_per_node", "alpha", "node_betas_list",
+                                        "node_invbws_list", "remote_alpha", "remote_beta", "remote_invbw",
+                                        "links", "betas", "invbws"]), _VALUES, min_size=1))
+def test_any_profile_ends_in_a_topology_or_an_input_error(raw):
+    try:
+        topo = topology_from_dict(taccl_topology_to_dict(raw, "fuzz-1MB.json"), "fuzz-1MB.json")
+    except InputError:
+        return
+    assert topo.num_ranks >= 1 and (topo.links or topo.num_ranks == 1)

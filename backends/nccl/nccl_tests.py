@@ -83,8 +83,10 @@ _ALIASES = {"allreduce": "all_reduce", "send_recv": "sendrecv", "allgather": "al
 _TYPE_BYTES = {"int8": 1, "uint8": 1, "char": 1, "int32": 4, "int": 4, "uint32": 4, "int64": 8, "uint64": 8,
                "half": 2, "float16": 2, "bfloat16": 2, "float": 4, "float32": 4, "double": 8, "float64": 8,
                "f8e4m3": 1, "f8e5m2": 1, "fp8_e4m3": 1, "fp8_e5m2": 1}
-# nccl-tests' own column order, for tables pasted without their header lines.
+# nccl-tests' own column orders (plain, and with per-iteration timing), for tables pasted without their headers.
 DEFAULT_COLUMNS = ("size count type redop root time algbw busbw #wrong time algbw busbw #wrong").split()
+PER_ITERATION_COLUMNS = ("size count type redop root time algbw busbw #wrong i_min i_max i_p99 i_cv% "
+                         "time algbw busbw #wrong i_min i_max i_p99 i_cv%").split()
 
 _TEST_LINE = re.compile(r"^#\s*Collective test starting:\s*([A-Za-z_]+)")
 _RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+(?:\s+Pid\s+\d+\s+on\s+(\S+))?")
@@ -267,9 +269,9 @@ def _scan(text: str, source: str) -> _Rows:
         if not tokens or not tokens[0].isdigit() or len(tokens[0]) > 15:
             continue
         cols = columns
-        if cols is None and len(tokens) >= len(DEFAULT_COLUMNS) and _NUMBER.match(tokens[5] if len(tokens) > 5
-                                                                                 else ""):
-            cols = DEFAULT_COLUMNS   # a header-less table: nccl-tests' own column order
+        if cols is None and len(tokens) >= len(DEFAULT_COLUMNS) and _NUMBER.match(tokens[5]):
+            # a header-less table: nccl-tests' own column order
+            cols = PER_ITERATION_COLUMNS if len(tokens) >= len(PER_ITERATION_COLUMNS) else DEFAULT_COLUMNS
         if cols is None or len(tokens) < len(cols):
             continue
         if len(samples) + skipped >= MAX_ROWS:

@@ -98,8 +98,9 @@ def taccl_topology_to_dict(raw: dict, source: str) -> dict:
     if "links" in raw:
         n = len(raw["links"]) if isinstance(raw["links"], list) else 0
         gpn = n if gpn is None else gpn
-    if isinstance(gpn, bool) or not isinstance(gpn, int) or gpn < 1:
-        raise InputError(source, "gpus_per_node", f"must be a positive integer, got {gpn!r}")
+    from synth.model.topology import MAX_RANKS   # topology.py imports this module
+    if isinstance(gpn, bool) or not isinstance(gpn, int) or not 1 <= gpn <= MAX_RANKS:
+        raise InputError(source, "gpus_per_node", f"must be an integer in 1..{MAX_RANKS}, got {gpn!r}")
     alpha_raw = raw.get("alpha", raw.get("alphas", 0.0))
     alpha = 0.0 if isinstance(alpha_raw, list) else _cost({"alpha": alpha_raw}, "alpha", source, positive=False)
     out = {"name": raw.get("name", Path(source).stem), "ranks": gpn, "gpus_per_node": gpn, "links": [],
