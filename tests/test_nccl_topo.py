@@ -139,13 +139,17 @@ def test_oversized_file_is_refused_before_parsing(tmp_path, monkeypatch):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.text(max_size=300) | st.sampled_from([DGX1.read_text()[:n] for n in (50, 700, 2000, 4000)]))
-def test_any_text_ends_in_a_topology_or_an_input_error(text):
+@given(st.text(max_size=300) | st.sampled_from([f.read_text()[:n] for f in (DGX1, DATA / "mi300x_xgmi_v2.xml",
+                                                                          DATA / "vm_self_target_nvlink.xml")
+                                                 for n in (50, 700, 2000, 4000)]))
+def test_any_text_ends_in_a_topology_or_an_input_error(tmp_path_factory, text):
+    f = tmp_path_factory.mktemp("fuzz") / "fuzz.xml"
+    f.write_text(text)
     try:
-        node = parse_nccl_dump(text, "fuzz.xml")
+        result = read_nccl_dumps([f])
     except InputError:
         return
-    assert node.gpus
+    assert topology_from_dict(result.topology, str(f)).num_ranks >= 1
 
 
 def test_cli_import_nccl_writes_a_loadable_topology(tmp_path):
