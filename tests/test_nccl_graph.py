@@ -1,5 +1,6 @@
 """NCCL graph file export (backends/nccl_graph.py) checked by a reader that follows NCCL's rules (DESIGN 8)."""
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
@@ -209,7 +210,17 @@ def test_multi_node_channels_name_nccls_own_net_devices_from_the_dump():
     assert len(nets) > 1
     # GPU 0's NIC holds NCCL's ports 14 and 15, GPU 7's ports 0 and 1 (the dump's numbering, not ours)
     assert nets[0] == ["0xe", "0x0"] and nets[1] == ["0xf", "0x1"]
-    assert 'typeinter="PIX"' in text and "NET" not in text
+    assert 'typeinter="PIX"' in text and "NET" not in text     # each NIC shares a PCIe switch with its GPU
+
+
+def test_typeinter_follows_the_dumps_gpu_to_nic_paths(tmp_path):
+    """The PCIe box's one NIC hangs off the CPU, away from the GPUs' switch: NCCL calls that path PHB."""
+    single = tmp_path / "imported.json"
+    single.write_text(json.dumps(_imported("pcie_4gpu.xml").to_dict()))
+    topo = load_topology(str(single), nodes=2)
+    assert topo.nics[0].path_type == "PHB"
+    text = export_nccl_graph(_ring_schedule("allgather", [0, 1, 2, 3, 4, 5, 6, 7], topo.name), topo)
+    assert 'typeinter="PHB"' in text and 'typeintra="PHB"' in text
 
 
 def test_typeintra_follows_the_links_pcie_rings_are_not_nvl():

@@ -206,6 +206,7 @@ def test_dual_port_nic_gives_each_gpu_both_ports():
     t = _load(DUAL)
     assert [(n.ranks, n.bw_GBps) for n in t.nics] == [((r,), 50.0) for r in range(8)]
     assert t.nics[0].net_devs == (14, 15) and t.nics[7].net_devs == (0, 1)
+    assert {n.path_type for n in t.nics} == {"PIX"}      # each NIC shares its GPU's PCIe switch
     (sw,) = t.switches
     assert all(p.egress_GBps == pytest.approx(18 * 20.6) for p in sw.ports)
     again = topology_from_dict(t.to_dict(), "round trip")

@@ -19,7 +19,8 @@ What the ``<graph>`` element says, the way NCCL's own search would set it (facts
   channels of 25 GB/s or more are doubled at half the speed (at most :data:`MAX_CHANNELS` channels).
 - ``typeintra``: the worst NCCL path type of the ring's hops inside a node (``Link.path_type``: NVL over
   NVLink/NVSwitch, PIX/PXB/PHB/SYS over PCIe; links of unknown type count as NVL, as built-ins describe
-  NVLink). ``typeinter``: the GPU-to-NIC path type (one of NCCL's: :data:`TYPES_INTER`), PIX unless given.
+  NVLink). ``typeinter``: the worst GPU-to-NIC path type of the NICs the channels use (``Nic.path_type``,
+  kept from an NCCL dump; PIX when unknown), one of NCCL's :data:`TYPES_INTER`.
 - Multi-node rings: NCCL runs one local order on every node, entering at its first GPU and leaving at its last.
   The ring must visit each node's GPUs in one contiguous segment; when nodes use different local orders, node
   0's order is written if every node has the same links (same capacity) for it, otherwise the ring is
@@ -227,15 +228,16 @@ def _path_type_rank(link) -> int:
 
 
 def graph_view(schedule: Schedule, topology: Topology, typeintra: str | None = None,
-               typeinter: str = "PIX") -> GraphView:
+               typeinter: str | None = None) -> GraphView:
     """Check the schedule is ring-shaped on ``topology`` and prepare what the template prints.
 
-    ``typeintra`` None derives it from the links (module docstring).
+    ``typeintra``/``typeinter`` None derive them from the links and NICs (module docstring).
     """
     if schedule.num_ranks != topology.num_ranks:
         raise BackendError(f"the schedule is for {schedule.num_ranks} ranks but topology {topology.name} has "
                            f"{topology.num_ranks}; pass the topology (and --nodes) it was made for")
-    if (typeintra is not None and typeintra not in TYPES_INTRA) or typeinter not in TYPES_INTER:
+    if (typeintra is not None and typeintra not in TYPES_INTRA) or (typeinter is not None
+                                                                    and typeinter not in TYPES_INTER):
         raise BackendError(f"typeintra must be one of {', '.join(TYPES_INTRA)} and typeinter one of "
                            f"{', '.join(TYPES_INTER)} (NCCL's spelling)")
     rings = channel_rings(schedule)
@@ -260,6 +262,10 @@ def graph_view(schedule: Schedule, topology: Topology, typeintra: str | None = N
     intra = [topology.link(*e) for e in use if topology.node_of(e[0]) == topology.node_of(e[1])]
     if typeintra is None:
         typeintra = PATH_TYPES[max((_path_type_rank(l) for l in intra), default=0)]
+    if typeinter is None:
+        ends = [_nic(topology, local[i])[1] for local in locals_ for i in (0, -1)] if multi else []
+        known = [nic.path_type for nic in ends if nic is not None and nic.path_type in TYPES_INTER]
+        typeinter = max(known, key=PATH_TYPES.index) if known else "PIX"
     latency = max((topology.link(*e).alpha_us for e in use if topology.node_of(e[0]) != topology.node_of(e[1])),
                   default=0.0)
     return GraphView(tuple(channels), int(any(c.net_in != c.net_out for c in channels)), _fmt_GBps(speed),
@@ -277,11 +283,11 @@ def render_nccl_graph(view: GraphView) -> str:
 
 
 def export_nccl_graph(schedule: Schedule, topology: Topology, typeintra: str | None = None,
-                      typeinter: str = "PIX") -> str:
+                      typeinter: str | None = None) -> str:
     """The ring-shaped ``schedule`` as NCCL graph XML text (no prolog, two-space indentation).
 
-    ``typeintra`` (None: from the links) and ``typeinter`` are NCCL's path types inside a node and from a GPU to
-    its NIC. Raises BackendError for schedules that are not rings.
+    ``typeintra`` and ``typeinter`` (None: from the links and NICs) are NCCL's path types inside a node and from
+    a GPU to its NIC. Raises BackendError for schedules that are not rings.
 
     >>> from synth.model.collectives import make_collective
     >>> from synth.schedule.ir import Schedule, Transfer

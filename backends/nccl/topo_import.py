@@ -27,8 +27,8 @@ validates:
   ``dev``. GPUs that share a nearest port in the PCIe tree form a group with all their nearest ports; with at
   least as many ports as GPUs every GPU gets its own share of the ports (a two-port ``<nic>`` next to one GPU
   gives that GPU both ports: their bandwidths add up), otherwise the GPUs share the ports round-robin. A NIC
-  keeps its ports' ``dev`` numbers (:attr:`synth.model.topology.Nic.net_devs`). Ports no GPU is nearest to
-  are left out.
+  keeps its ports' ``dev`` numbers (:attr:`synth.model.topology.Nic.net_devs`) and NCCL's path type from its
+  GPUs to it (``path_type``, the worst of them). Ports no GPU is nearest to are left out.
 - **Several dumps** (one per node, in the order given; GPUs ordered by ``dev`` within a node) make a
   multi-node topology: the nodes' NICs are ports of one network switch, as :func:`synth.model.topology.compose_nodes`
   does for built-ins. Our topology format describes every node alike, so the dumps must describe the same
@@ -54,7 +54,7 @@ from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
 from synth.errors import InputError
-from synth.model.topology import FORMAT, MAX_RANKS
+from synth.model.topology import FORMAT, MAX_RANKS, PATH_TYPES
 
 # Per-link NVLink bandwidth (GB/s per direction) by compute capability, as NCCL assumes it.
 NVLINK_GBPS_BY_SM = {60: 18.0, 70: 20.0, 80: 20.0, 86: 12.0, 90: 20.6}
@@ -423,8 +423,10 @@ def _assign_nics(node: _Node) -> list[dict]:
             shares = [(gpus[k::len(ports)], [port]) for k, port in enumerate(ports)]
         for ranks, owned in shares:
             nets = [node.nets[k] for k in owned]
+            types = [_pcie_path_type(node.gpus[r].chain, net.chain) for r in ranks for net in nets]
             nics.append({"ranks": ranks, "bw_GBps": sum(n.bw_GBps for n in nets),
-                         "alpha_us": max(n.alpha_us for n in nets), "net_devs": [n.dev for n in nets]})
+                         "alpha_us": max(n.alpha_us for n in nets), "net_devs": [n.dev for n in nets],
+                         "path_type": max(types, key=PATH_TYPES.index)})
     return sorted(nics, key=lambda nic: nic["ranks"])
 
 

@@ -20,8 +20,9 @@ def export():
 @click.option("--typeintra", type=click.Choice(["auto", "NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS"]),
               default="auto", show_default=True,
               help="NCCL's path type inside a node (auto: from the ring's links; NVL: NVLink; PIX..SYS: PCIe).")
-@click.option("--typeinter", type=click.Choice(["PIX", "PXB", "PXN", "PHB", "SYS"]), default="PIX",
-              show_default=True, help="NCCL's path type between a GPU and its NIC.")
+@click.option("--typeinter", type=click.Choice(["auto", "PIX", "PXB", "PXN", "PHB", "SYS"]), default="auto",
+              show_default=True,
+              help="NCCL's path type between a GPU and its NIC (auto: from an imported dump's NICs, else PIX).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the graph XML here (default: print it). Use it with NCCL_GRAPH_FILE.")
 def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output):
@@ -35,7 +36,8 @@ def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output
 
     schedule = load_schedule(schedule_file)
     topology = load_topology(topology_name, nodes)
-    view = graph_view(schedule, topology, None if typeintra == "auto" else typeintra, typeinter)
+    view = graph_view(schedule, topology, None if typeintra == "auto" else typeintra,
+                      None if typeinter == "auto" else typeinter)
     text = render_nccl_graph(view)
     if output is None:
         click.echo(text, nl=False)

@@ -79,14 +79,16 @@ class Switch:
 class Nic:
     """A node's network interface: which local ranks use it, its bandwidth (GB/s) and latency (us).
 
-    ``net_devs`` are NCCL's network device numbers (``<net dev>`` of a topology dump) of its ports, when the
-    topology was imported from one; NCCL graph files name NICs by them.
+    ``net_devs`` are NCCL's network device numbers (``<net dev>`` of a topology dump) of its ports and
+    ``path_type`` NCCL's path type from its GPUs to it (PIX, PXB, PHB, SYS), when the topology was imported
+    from a dump; NCCL graph files name NICs by the former and carry the latter as ``typeinter``.
     """
 
     ranks: tuple[int, ...]
     bw_GBps: float
     alpha_us: float
     net_devs: tuple[int, ...] = ()
+    path_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -168,7 +170,8 @@ class Topology:
                 for s in self.switches
             ],
             "nics": [dict({"ranks": list(n.ranks), "bw_GBps": n.bw_GBps, "alpha_us": n.alpha_us},
-                          **({"net_devs": list(n.net_devs)} if n.net_devs else {})) for n in self.nics],
+                          **({"net_devs": list(n.net_devs)} if n.net_devs else {}),
+                          **({"path_type": n.path_type} if n.path_type else {})) for n in self.nics],
         }
         if self.symmetries:
             out["symmetries"] = [list(s) for s in self.symmetries]
@@ -289,8 +292,13 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
         if not isinstance(devs, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
                                                  for d in devs):
             raise InputError(source, f"{where}.net_devs", "must be a list of NCCL net device numbers (>= 0)")
+        path_type = rn.get("path_type", "")
+        if path_type and path_type not in PATH_TYPES:
+            raise InputError(source, f"{where}.path_type", f"unknown path type {path_type!r}; NCCL's are "
+                             f"{', '.join(PATH_TYPES)}")
         nics.append(Nic(ranks, float(_num(rn, "bw_GBps", source, where)),
-                        float(_num(rn, "alpha_us", source, where, default=1.0, positive=False)), tuple(devs)))
+                        float(_num(rn, "alpha_us", source, where, default=1.0, positive=False)), tuple(devs),
+                        path_type))
 
     symmetries = []
     for k, perm in enumerate(raw.get("symmetries", [])):
