@@ -105,7 +105,8 @@ def test_build_errors():
 def test_best_baseline_is_the_fastest():
     topo = TOPOLOGIES["dgx-a100"]
     size = 1 << 20
-    name, schedule, report = best_baseline("allreduce", topo, size)
+    best = best_baseline("allreduce", topo, size)
+    schedule, report = best.schedule, best.report
     assert verify(schedule, topo, size).time_us == pytest.approx(report.time_us)
     for other, reason in baseline_status("allreduce", topo).items():
         if reason is None:

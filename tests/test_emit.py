@@ -4,7 +4,7 @@ import pytest
 
 from backends.msccl.parse import parse_msccl_xml
 from backends.msccl.lowering import lower_to_msccl
-from conftest import DGX1_EVERY_COLLECTIVE
+from support.instances import DGX1_EVERY_COLLECTIVE
 from backends.msccl.writer import emit_verified_xml
 from backends.msccl.interpret import execute_program
 from backends.msccl.lint import lint_program, lint_text
@@ -30,10 +30,10 @@ def test_dgx1_xml_executes_reparses_and_lints_clean(dgx1, coll, S, R, C, target)
 @pytest.mark.parametrize("coll,steps", [("allgather", None), ("reducescatter", None), ("allreduce", None),
                                         ("alltoall", None)])
 def test_plain_and_fused_lowerings_both_execute(name, coll, steps):
+    from synth.synthesis.request import SynthesisRequest
     from synth.synthesis.select import step_candidates
-    from synth.solver.highs import SolverOptions
     topo = load_topology(name)
-    [choice] = step_candidates(topo, coll, 1 << 20, None, None, 1, None, SolverOptions(), lambda m: None)
+    [choice] = step_candidates(SynthesisRequest(topo, coll, 1 << 20, chunks=1))
     for fuse in (True, False):
         res = execute_program(lower_to_msccl(choice.result.schedule, fuse=fuse))
         assert res.ok, [str(f) for f in res.findings]

@@ -7,7 +7,7 @@ import pytest
 
 from backends.msccl.ir import MAX_STEPS_EXECUTOR
 from backends.msccl.lowering import check_limits, lower_to_msccl, render_msccl_xml, schedule_to_msccl_xml
-from conftest import DGX1_EVERY_COLLECTIVE
+from support.instances import DGX1_EVERY_COLLECTIVE
 from synth.errors import BackendError
 from synth.synthesis.steps import synthesize_steps
 

@@ -6,8 +6,9 @@ from fractions import Fraction
 import pytest
 
 from synth.sweep.bundle import BundlePlan, readme_text, write_bundle
-from synth.sweep.frontier import (FEASIBLE, IMPLIED, INFEASIBLE, STOP_CHUNK_CAP, STOP_LOWER_BOUND, UNKNOWN, Instance,
-                          SweepPoint, candidates, explore_frontier, implied_infeasible, pareto_filter, plan_sweep)
+from synth.solver.highs import NO_SOLUTION
+from synth.sweep.frontier import (FEASIBLE, IMPLIED, INFEASIBLE, STOP_CHUNK_CAP, STOP_LOWER_BOUND, Instance,
+                          SweepPoint, instances_to_try, explore_frontier, implied_infeasible, pareto_filter, plan_sweep)
 from synth.bounds.rounds import rounds_per_chunk_bound
 from synth.errors import InputError
 from synth.sweep.sizes import (BASELINE, STEPS, Algorithm, choose_per_size, parse_size_range, runnable, size_grid,
@@ -43,7 +44,7 @@ def test_filter_keeps_fewest_chunks_among_equal_points():
 
 
 def test_filter_ignores_infeasible_and_unknown_points():
-    pts = [pt(2, 7, 6, INFEASIBLE), pt(2, 3, 2), pt(3, 6, 6, UNKNOWN)]
+    pts = [pt(2, 7, 6, INFEASIBLE), pt(2, 3, 2), pt(3, 6, 6, NO_SOLUTION)]
     assert triples(pareto_filter(pts)) == [(2, 3, 2)]
     assert pareto_filter([]) == ()
 
@@ -67,7 +68,7 @@ def test_candidates_are_in_ratio_order_within_bounds():
     from synth.sweep.frontier import SweepSpec
 
     spec = SweepSpec("allgather", None, 2, 4, 8, 7 / 6)
-    got = list(candidates(spec, 3, Fraction(3, 2)))
+    got = list(instances_to_try(spec, 3, Fraction(3, 2)))
     assert got[0] == Instance(3, 7, 6)
     assert all(Fraction(7, 6) <= i.ratio < Fraction(3, 2) and i.rounds >= 3 and i.chunks <= 8 for i in got)
     assert [i.ratio for i in got] == sorted(i.ratio for i in got)
@@ -77,7 +78,7 @@ def test_allreduce_candidates_have_even_rounds():
     from synth.sweep.frontier import SweepSpec
 
     spec = SweepSpec("allreduce", None, 4, 8, 6, 7 / 3)
-    assert all(i.rounds % 2 == 0 for i in candidates(spec, 4, Fraction(4)))
+    assert all(i.rounds % 2 == 0 for i in instances_to_try(spec, 4, Fraction(4)))
 
 
 @pytest.mark.parametrize("inst, known, implied", [
@@ -196,7 +197,7 @@ def test_time_limit_gives_unknown_and_an_unproven_frontier(dgx1, monkeypatch):
 
     monkeypatch.setattr(pareto, "synthesize_steps", flaky)
     f = explore_frontier(dgx1, plan_sweep(dgx1, "allgather"))
-    assert any(p.status == UNKNOWN for p in f.points)
+    assert any(p.status == NO_SOLUTION for p in f.points)
     assert not f.complete
 
 

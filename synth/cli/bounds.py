@@ -79,7 +79,8 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
     topo = load_topology(topology_name, nodes)
     size = parse_size(size_text)
     if name == "best":
-        name, schedule, report = best_baseline(collective, topo, size, root)
+        best = best_baseline(collective, topo, size, root)
+        name, schedule, report = best.name, best.schedule, best.report
     else:
         schedule = build_baseline(name, collective, topo, chunks, root, order_bytes=size)
         report = verify(schedule, topo, size)

@@ -28,7 +28,7 @@ _SIZES_HELP = ("Size range LOW:HIGH (nccl-tests' sizes, e.g. 1KB:1GB) for the pe
 
 # A sweep solves many instances: a shorter per-instance limit than `synth solve`.
 _solver_options = solver_options_for(
-    10.0, "Solver limit per instance in seconds; an instance that hits it is 'unknown' and the frontier is then "
+    10.0, "Solver limit per instance in seconds; an instance that hits it is 'no-solution' and the frontier is then "
           "not proven.", "Solver threads per instance (default: HiGHS' choice).")
 
 
@@ -190,7 +190,7 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
       synth pareto alltoall --topology dgx1 --scheduler tcp://10.0.0.5:8786 -o out/
     """
     from synth.sweep.bundle import frontier_document, plan_bundle, readme_text, write_bundle, write_document
-    from synth.sweep.sources import collect_candidates
+    from synth.sweep.sources import collect_algorithms
     from synth.sweep.frontier import Frontier, FrontierSearch, pareto_filter, plan_sweep
     from synth.sweep.sizes import parse_size_range, size_grid
     from synth.solver.highs import SolverOptions
@@ -234,7 +234,7 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
                 write_document(out_dir, frontier_document(frontier, topo, "sizes"))
             progress.note(f"frontier {' '.join(str(p.instance) for p in frontier.frontier) or 'empty'}; "
                           f"collecting candidates for {len(grid)} sizes")
-            cands = collect_candidates(frontier.frontier, name, topo, grid, spec.root, baselines, alpha_beta,
+            cands = collect_algorithms(frontier.frontier, name, topo, grid, spec.root, baselines, alpha_beta,
                                        method, sketch, options, executor,
                                        on_done=lambda size: progress.note(f"alpha-beta at {format_size(size)} done"))
     if grid:
@@ -244,7 +244,7 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
         plan = plan_bundle(cands.algorithms, topo, grid, grid[0], grid[-1], target, proto,
                            _limit_fn(name, topo, spec.root))
     doc = frontier_document(frontier, topo, "done", plan, cands.algorithms if cands else (),
-                            cands.missing if cands else (), cands.failures if cands else (),
+                            cands.failures if cands else (),
                             {"total_seconds": time.perf_counter() - t0})
     if out_dir:
         write_document(out_dir, doc)
@@ -259,8 +259,6 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
     _frontier_table(frontier)
     if plan is not None:
         _size_table(plan, cands.algorithms)
-        for source in cands.missing:
-            click.echo(f"  (no candidates from {source}: not installed)")
     if not frontier.frontier and not grid:
         raise NoSolutionError(f"no feasible step schedule up to {spec.max_steps} steps; raise --max-steps or "
                               "--time-limit")

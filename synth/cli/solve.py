@@ -6,7 +6,8 @@ import json
 
 import click
 
-from synth.synthesis.select import METHODS, candidates
+from synth.synthesis.request import METHODS, SynthesisRequest
+from synth.synthesis.select import verified_candidates
 from synth.model.collectives import COLLECTIVES, normalize_name
 from synth.errors import BackendError, InputError
 from synth.fileio import write_atomic
@@ -85,9 +86,10 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
         raise InputError("--min-bytes", "", f"{min_bytes} is larger than --max-bytes {max_bytes}")
     topo = load_topology(topology, nodes)
     options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
+    request = SynthesisRequest(topo, name, size_bytes, root, method, sketch, steps, rounds, chunks, options,
+                               include_baselines=not no_baseline)
     echo_err(f"synth: {name} on {topo.name} ({topo.num_ranks} ranks), size {format_size(size_bytes)}")
-    choices = candidates(topo, name, size_bytes, method, steps, rounds, chunks, root, sketch, options,
-                         include_baselines=not no_baseline, progress=echo_err)
+    choices = verified_candidates(request, progress=echo_err)
     choice = choices[0]
     texts = {}
     if output:
@@ -115,7 +117,7 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
     for path, text in texts.items():
         write_atomic(path, text)
 
-    context = compare_with_limits(name, topo, size_bytes, report.time_us, root, not no_baseline)
+    context = compare_with_limits(request, report.time_us)
     echo_err(f"chosen: {choice.label} (fastest of {len(choices)} verified candidate(s))")
     echo_err(f"status {result.status}, solve {result.solve_seconds:.3f} s (symmetry group of {result.symmetry_order}), "
              f"steps {result.steps}, rounds {result.rounds}, chunks {result.chunks}")

@@ -34,8 +34,9 @@ import numpy as np
 
 from synth.errors import InputError
 from synth.fileio import document_name
+from synth.model.symmetry import is_automorphism
 from synth.model.taccl import is_taccl_sketch, taccl_sketch_to_dict
-from synth.model.topology import Topology, is_automorphism
+from synth.model.topology import Topology
 
 FORMAT = "synth-sketch/1"
 INTRANODE_STRATEGIES = ("all", "links", "ring")

@@ -145,11 +145,13 @@ def replay_time(schedule: Schedule, topology: Topology, size_bytes: int, reduce_
                         alpha_occupies)
 
 
-def verify(schedule: Schedule, topology: Topology, size_bytes: int, **kwargs) -> ReplayReport:
-    """Check links, capacity and postcondition, then time the schedule; raise VerificationError if wrong."""
+def verify(schedule: Schedule, topology: Topology, size_bytes: int, reduce_us_per_byte: float = 0.0,
+           alpha_occupies: bool = False) -> ReplayReport:
+    """Check links, capacity and postcondition, then time the schedule (:func:`replay_time`); raise
+    VerificationError if wrong."""
     problems = check_links(schedule, topology)
     problems += replay_data(schedule)
     if problems:
         shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
         raise VerificationError(f"schedule fails the replay check: {shown}")
-    return replay_time(schedule, topology, size_bytes, **kwargs)
+    return replay_time(schedule, topology, size_bytes, reduce_us_per_byte, alpha_occupies)

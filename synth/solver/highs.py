@@ -11,16 +11,39 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
 from synth.errors import SolverError
 
-OPTIMAL = "optimal"
-FEASIBLE = "feasible"          # a solution, but the time limit stopped the proof of optimality
-INFEASIBLE = "infeasible"      # proven: no solution exists
-NO_SOLUTION = "no-solution"    # the limit came before any solution
-ERROR = "error"
+
+class Status(str, Enum):
+    """How a search ended: the one status vocabulary of solver results, synthesis results and sweep points.
+
+    A ``str`` enum, so JSON reports and comparisons with the plain strings keep working.
+    """
+
+    OPTIMAL = "optimal"
+    FEASIBLE = "feasible"          # a solution, but a limit stopped the proof of optimality
+    INFEASIBLE = "infeasible"      # proven: no solution exists
+    NO_SOLUTION = "no-solution"    # a limit came before any solution or proof
+    ERROR = "error"
+    BASELINE = "baseline"          # not solved: an NCCL-style baseline construction
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+    @property
+    def has_schedule(self) -> bool:
+        return self in (Status.OPTIMAL, Status.FEASIBLE, Status.BASELINE)
+
+
+# Short names used by the encoders and drivers.
+OPTIMAL, FEASIBLE, INFEASIBLE = Status.OPTIMAL, Status.FEASIBLE, Status.INFEASIBLE
+NO_SOLUTION, ERROR = Status.NO_SOLUTION, Status.ERROR
 
 
 @dataclass(frozen=True)
@@ -62,7 +85,7 @@ class SolverOptions:
 
 @dataclass(frozen=True)
 class SolveResult:
-    status: str
+    status: Status
     x: np.ndarray | None
     objective: float | None
     gap: float | None
@@ -155,7 +178,7 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
         sol.col_value = list(np.asarray(initial, dtype=float))
         sol.value_valid = True
         h.setSolution(sol)
-    run_status = h.run()
+    run_status = _run_interruptibly(h)
     seconds = time.perf_counter() - t0
     model_status = h.getModelStatus()
     name = h.modelStatusToString(model_status)
@@ -176,6 +199,29 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
         if gap is not None and (math.isinf(gap) or math.isnan(gap)):
             gap = None
     return SolveResult(mapped, x, objective, gap, seconds, name)
+
+
+# How long to wait for HiGHS to stop after Ctrl-C before giving up on its answer (seconds).
+_CANCEL_WAIT_S = 5.0
+
+
+def _run_interruptibly(h):
+    """Run HiGHS in its solver thread so that Ctrl-C (or SIGTERM turned into KeyboardInterrupt by the CLI) stops
+    it within about 0.1 s: the interrupt is passed to HiGHS' interrupt callbacks, and KeyboardInterrupt is raised
+    once the solver has stopped. (highspy's own ``solve`` prints and exits on a repeated Ctrl-C.)"""
+    h.HandleUserInterrupt = True
+    h.startSolve()
+    try:
+        while True:
+            done, status = h.wait(0.1)
+            if done:
+                return status
+    except KeyboardInterrupt:
+        h.cancelSolve()
+        deadline = time.perf_counter() + _CANCEL_WAIT_S
+        while time.perf_counter() < deadline and not h.wait(0.1)[0]:
+            pass
+        raise
 
 
 def write_model(model: Model, path: str) -> None:

@@ -30,6 +30,7 @@ from synth.fileio import write_atomic
 from synth.sweep.frontier import Frontier
 from synth.schedule.ir import Schedule
 from synth.sweep.sizes import Algorithm, SizeChoice, SizeRange, choose_per_size, tile_ranges
+from synth.sweep.sources import SourceFailure
 from synth.model.topology import Topology
 
 BUNDLE_DIR = "msccl"
@@ -164,8 +165,8 @@ def versions() -> dict:
 
 
 def frontier_document(frontier: Frontier, topology: Topology, stage: str, plan: BundlePlan | None = None,
-                      algorithms: Iterable[Algorithm] = (), missing: Iterable[str] = (),
-                      failures: Iterable = (), extra: dict | None = None) -> dict:
+                      algorithms: Iterable[Algorithm] = (), failures: Iterable[SourceFailure] = (),
+                      extra: dict | None = None) -> dict:
     """The content of ``frontier.json``. ``stage`` is ``sweeping`` while the step search runs (the file is
     rewritten after every instance), ``sizes`` while candidates are timed, ``done`` at the end. Keys ending in
     ``_seconds`` are timings; everything else is the same whoever solved the instances (up to time limits)."""
@@ -183,12 +184,11 @@ def frontier_document(frontier: Frontier, topology: Topology, stage: str, plan: 
     if extra:
         doc.update(extra)
     if algorithms:
-        doc["algorithms"] = [{"key": a.key, "kind": a.kind, "label": a.label, "steps": a.schedule.steps,
+        doc["algorithms"] = [{"key": a.key, "kind": a.kind.value, "label": a.label, "steps": a.schedule.steps,
                               "chunks_per_rank": a.schedule.collective.chunks_per_rank,
                               "nchunksperloop": a.nchunksperloop, "transfers": len(a.schedule.transfers)}
                              for a in algorithms]
-    doc["missing_sources"] = list(missing)
-    doc["failures"] = [{"source": s, "size_bytes": size, "message": m} for s, size, m in failures]
+    doc["failures"] = [f.to_dict() for f in failures]
     if plan is not None:
         doc["sizes"] = [{"size_bytes": c.size_bytes, "chosen": c.chosen, "best_baseline": c.best_baseline,
                          "limit_us": c.limit_us,

@@ -48,13 +48,10 @@ from synth.errors import InfeasibleError, InputError, NoSolutionError
 from synth.schedule.replay import verify
 from synth.bounds.rounds import rounds_per_chunk_bound
 from synth.schedule.ir import Schedule
-from synth.solver.highs import SolverOptions
-from synth.synthesis.steps import smallest_steps, synthesize_steps
+from synth.solver.highs import FEASIBLE, INFEASIBLE, NO_SOLUTION, SolverOptions, Status
+from synth.synthesis.steps import smallest_steps, steps_multiple, synthesize_steps
 from synth.model.topology import Topology
 
-FEASIBLE = "feasible"
-INFEASIBLE = "infeasible"
-UNKNOWN = "unknown"          # the time limit came before a schedule or a proof
 
 SOLVED = "solved"            # how a status was established
 IMPLIED = "implied"
@@ -91,7 +88,7 @@ class SweepSpec:
     @property
     def step_stride(self) -> int:
         """Allreduce splits steps and rounds in two halves, so it only takes even counts."""
-        return 2 if self.collective == "allreduce" else 1
+        return steps_multiple(self.collective)
 
     def to_dict(self) -> dict:
         opts = self.options
@@ -119,8 +116,7 @@ def plan_sweep(topology: Topology, collective: str, max_steps: int | None = None
         raise InputError("--max-chunks", "", f"must be at least 1, got {max_chunks}")
     coll = make_collective(name, topology.num_ranks, 1, root)
     low = smallest_steps(topology, name, 1, coll.root)
-    if name == "allreduce":
-        low += low % 2
+    low += -low % steps_multiple(name)
     high = low + DEFAULT_EXTRA_STEPS if max_steps is None else max_steps
     if high < low:
         raise InputError("--max-steps", "", f"{high} is below the hop lower bound {low} for {name} on "
@@ -160,11 +156,11 @@ class SweepPoint:
     steps: int
     rounds: int
     chunks: int
-    status: str
+    status: Status
     how: str = SOLVED
     asked_rounds: int | None = None
     implied_by: Instance | None = None
-    solver_status: str = ""
+    solver_status: Status | None = None
     solve_seconds: float = 0.0
     wall_seconds: float = 0.0
     symmetry_order: int = 1
@@ -234,7 +230,7 @@ def solve_instance(topology: Topology, spec: SweepSpec, inst: Instance, how: str
         return SweepPoint(inst.steps, inst.rounds, inst.chunks, INFEASIBLE, how, solver_status=INFEASIBLE,
                           wall_seconds=time.perf_counter() - t0, message=str(exc))
     except NoSolutionError as exc:
-        return SweepPoint(inst.steps, inst.rounds, inst.chunks, UNKNOWN, how, solver_status="no-solution",
+        return SweepPoint(inst.steps, inst.rounds, inst.chunks, NO_SOLUTION, how, solver_status=NO_SOLUTION,
                           wall_seconds=time.perf_counter() - t0, message=str(exc))
     verify(result.schedule, topology, 1 << 20)
     rounds = result.schedule.rounds
@@ -244,11 +240,11 @@ def solve_instance(topology: Topology, spec: SweepSpec, inst: Instance, how: str
                       symmetry_order=result.symmetry_order, schedule=result.schedule)
 
 
-def candidates(spec: SweepSpec, steps: int, upper: Fraction) -> Iterator[Instance]:
+def instances_to_try(spec: SweepSpec, steps: int, upper: Fraction) -> Iterator[Instance]:
     """Instances at ``steps`` with ``lower <= R/C < upper``, ``R >= steps``, ``C <= max_chunks``, in (R/C, C) order.
 
     >>> spec = SweepSpec("allgather", None, 2, 3, 8, 7 / 6)
-    >>> [str(i) for i in candidates(spec, 3, Fraction(3, 2))]
+    >>> [str(i) for i in instances_to_try(spec, 3, Fraction(3, 2))]
     ['(3,7,6)', '(3,6,5)', '(3,5,4)', '(3,10,8)', '(3,9,7)', '(3,4,3)', '(3,8,6)', '(3,11,8)', '(3,7,5)', '(3,10,7)']
     """
     stride = spec.step_stride
@@ -315,7 +311,7 @@ class Frontier:
     def complete(self) -> bool:
         """True when the frontier is exact within ``max_chunks`` (every boundary point proven infeasible)."""
         return self.stop_reason in (STOP_LOWER_BOUND, STOP_CHUNK_CAP) and not any(
-            p.status == UNKNOWN for p in self.points)
+            p.status == NO_SOLUTION for p in self.points)
 
 
 class FrontierSearch:
@@ -358,7 +354,7 @@ class FrontierSearch:
         spec = self.spec
         best: Fraction | None = None
         for steps in range(spec.min_steps, spec.max_steps + 1, spec.step_stride):
-            if best is not None and next(candidates(spec, steps, best), None) is None:
+            if best is not None and next(instances_to_try(spec, steps, best), None) is None:
                 self.stop_reason = STOP_CHUNK_CAP   # larger step counts allow no smaller ratio either
                 return
             found: list[SweepPoint] = []
@@ -379,7 +375,7 @@ class FrontierSearch:
                 return
             found.append(point)
             upper = point.ratio
-        first = next(candidates(self.spec, steps, upper), None)  # the lowest ratio first: it may be the bound
+        first = next(instances_to_try(self.spec, steps, upper), None)  # the lowest ratio first: it may be the bound
         if first is None:
             return
         point = yield from self._solve(runner, first, FIRST, _Column(1, steps, None, upper))
@@ -470,7 +466,7 @@ class FrontierSearch:
         if self._phase != PROBE and col is not None:
             at_bound = cur.ratio <= spec.rounds_per_chunk_lower * (1 + _REL_TOL) + _REL_TOL
             if cur.steps + spec.step_stride <= spec.max_steps and not (self._phase == FIRST and at_bound):
-                guesses.append(next(candidates(spec, cur.steps + spec.step_stride, col.upper), None))
+                guesses.append(next(instances_to_try(spec, cur.steps + spec.step_stride, col.upper), None))
             if self._phase == FIRST:
                 state, inst = self._settle(cur.steps, col)
                 guesses.append(inst)

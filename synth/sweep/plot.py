@@ -16,7 +16,7 @@ from typing import Iterable
 
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.fileio import write_atomic
-from synth.sweep.sizes import Algorithm, SizeChoice
+from synth.sweep.sizes import Algorithm, AlgorithmKind, SizeChoice
 from synth.units import format_size
 
 FORMATS = ("png", "svg")
@@ -32,9 +32,9 @@ def _lines(choices: tuple[SizeChoice, ...], algorithms: list[Algorithm]) -> list
     schedules (each at the size it was made for), one for the fastest baseline at each size."""
     lines = []
     for alg in algorithms:
-        if alg.kind == "steps":
+        if alg.kind == AlgorithmKind.STEPS:
             lines.append((alg.label, "-", [(c.size_bytes, c.timing(alg.key)) for c in choices]))
-    tuned = {a.tuned_bytes: a.key for a in algorithms if a.kind == "alphabeta"}
+    tuned = {a.tuned_bytes: a.key for a in algorithms if a.kind == AlgorithmKind.ALPHA_BETA}
     lines.append(("alpha-beta (synthesized per size)", "-.",
                   [(c.size_bytes, c.timing(tuned[c.size_bytes])) for c in choices if c.size_bytes in tuned]))
     lines.append(("best baseline", "--", [(c.size_bytes, c.timing(c.best_baseline)) for c in choices

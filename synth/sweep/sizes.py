@@ -16,6 +16,7 @@ the crossover of their replayed times (bisection on bytes). Sizes are nccl-tests
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
 from typing import Callable, Iterable
 
 from synth.errors import InputError
@@ -24,8 +25,23 @@ from synth.schedule.ir import Schedule
 from synth.model.topology import Topology
 from synth.units import parse_size
 
-STEPS, ALPHA_BETA, BASELINE = "steps", "alphabeta", "baseline"
-_KIND_ORDER = {STEPS: 0, ALPHA_BETA: 1, BASELINE: 2}   # tie-break: synthesized before baselines
+
+
+class AlgorithmKind(str, Enum):
+    """Where a candidate algorithm comes from; the order is the tie-break (synthesized before baselines)."""
+
+    STEPS = "steps"
+    ALPHA_BETA = "alphabeta"
+    BASELINE = "baseline"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+STEPS, ALPHA_BETA, BASELINE = AlgorithmKind.STEPS, AlgorithmKind.ALPHA_BETA, AlgorithmKind.BASELINE
+_KIND_ORDER = {kind: i for i, kind in enumerate(AlgorithmKind)}
 DTYPE_BYTES = 4                                         # nccl-tests' default datatype (float)
 
 
@@ -35,7 +51,7 @@ class Algorithm:
     size a size-specific schedule (alpha-beta, a baseline's issue order) was made for."""
 
     key: str
-    kind: str
+    kind: AlgorithmKind
     label: str
     schedule: Schedule
     tuned_bytes: int | None = None
@@ -43,10 +59,7 @@ class Algorithm:
     @property
     def nchunksperloop(self) -> int:
         """MSCCL's nchunksperloop for this schedule (chunks in nccl-tests' buffer, or per rank when rooted)."""
-        coll = self.schedule.collective
-        if coll.name in ("allgather", "reducescatter", "alltoall", "allreduce"):
-            return coll.size_chunks
-        return coll.chunks_per_rank
+        return self.schedule.collective.loop_chunks
 
 
 @dataclass(frozen=True)

@@ -1,43 +1,47 @@
-"""Candidate algorithms for the per-size choice (:mod:`synth.sweep.sizes`), from every source that is installed.
+"""Candidate algorithms for the per-size choice (:mod:`synth.sweep.sizes`), from every source.
 
-- the step frontier's points (:mod:`synth.sweep.frontier`), always;
-- the fastest NCCL-style baseline at each size (:mod:`synth.synthesis.baselines`), when that module exists;
-- an alpha-beta schedule synthesized at each size (:mod:`synth.synthesis.alphabeta`), when that module exists.
+- the step frontier's points (:mod:`synth.sweep.frontier`);
+- the fastest NCCL-style baseline at each size (:mod:`synth.synthesis.baselines`);
+- an alpha-beta schedule synthesized at each size (:mod:`synth.synthesis.alphabeta`).
 
-Each source that is missing (ImportError) contributes nothing and is named in :attr:`Candidates.missing`; a
-source that fails for one size (a :class:`~synth.errors.SynthError`, e.g. no baseline applies) is recorded in
-:attr:`Candidates.failures` and the others go on. Alpha-beta solves run through the same executor as the sweep.
+A source that fails for one size (a :class:`~synth.errors.SynthError`, e.g. no baseline applies) is recorded in
+:attr:`AlgorithmPool.failures` and the others go on. Alpha-beta solves run through the same executor as the sweep.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
-import importlib
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from synth.errors import SynthError
-from synth.sweep.frontier import SweepPoint
-from synth.sweep.sizes import ALPHA_BETA, BASELINE, STEPS, Algorithm
-from synth.solver.highs import SolverOptions
 from synth.model.topology import Topology
+from synth.solver.highs import SolverOptions
+from synth.sweep.frontier import SweepPoint
+from synth.sweep.sizes import ALPHA_BETA, BASELINE, STEPS, Algorithm, AlgorithmKind
+from synth.synthesis.alphabeta import synthesize_alpha_beta
+from synth.synthesis.baselines import best_baseline
 from synth.units import format_size
 
 
 @dataclass(frozen=True)
-class Candidates:
-    """Algorithms found, sources that are not installed, and (source, size, message) failures."""
+class SourceFailure:
+    """A source that produced nothing at one size, and why."""
+
+    source: AlgorithmKind
+    size_bytes: int
+    message: str
+
+    def to_dict(self) -> dict:
+        return {"source": self.source.value, "size_bytes": self.size_bytes, "message": self.message}
+
+
+@dataclass(frozen=True)
+class AlgorithmPool:
+    """The algorithms found for the per-size choice, and the failures of their sources."""
 
     algorithms: tuple[Algorithm, ...]
-    missing: tuple[str, ...]
-    failures: tuple[tuple[str, int, str], ...]
-
-
-def _optional(module: str):
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        return None
+    failures: tuple[SourceFailure, ...]
 
 
 def step_algorithms(frontier: Iterable[SweepPoint]) -> list[Algorithm]:
@@ -51,18 +55,16 @@ def step_algorithms(frontier: Iterable[SweepPoint]) -> list[Algorithm]:
 
 
 def baseline_algorithms(collective: str, topology: Topology, sizes: Iterable[int], root: int | None,
-                        failures: list) -> list[Algorithm] | None:
-    """The fastest baseline at each size, deduplicated; None when :mod:`synth.synthesis.baselines` is not installed."""
-    baselines = _optional("synth.synthesis.baselines")
-    if baselines is None:
-        return None
+                        failures: list[SourceFailure]) -> list[Algorithm]:
+    """The fastest baseline at each size, deduplicated."""
     out: dict = {}
     for size in sizes:
         try:
-            name, schedule, _ = baselines.best_baseline(collective, topology, size, root)
+            best = best_baseline(collective, topology, size, root)
         except SynthError as exc:
-            failures.append((BASELINE, size, str(exc)))
+            failures.append(SourceFailure(BASELINE, size, str(exc)))
             continue
+        name, schedule = best.name, best.schedule
         if schedule in out:
             continue
         chunks = schedule.collective.chunks_per_rank
@@ -76,18 +78,14 @@ def baseline_algorithms(collective: str, topology: Topology, sizes: Iterable[int
 def solve_alpha_beta(topology: Topology, collective: str, size_bytes: int, method: str, sketch: str | None,
                      root: int | None, options: SolverOptions):
     """One alpha-beta synthesis (top level, so process pools and Dask can pickle it)."""
-    from synth.synthesis.alphabeta import synthesize_alpha_beta
-
     return synthesize_alpha_beta(topology, collective, size_bytes, method, sketch, None, root, options)
 
 
 def alpha_beta_algorithms(collective: str, topology: Topology, sizes: Iterable[int], root: int | None,
-                          method: str, sketch: str | None, options: SolverOptions, failures: list,
+                          method: str, sketch: str | None, options: SolverOptions, failures: list[SourceFailure],
                           executor: cf.Executor | None = None,
-                          on_done: Callable[[int], None] | None = None) -> list[Algorithm] | None:
-    """An alpha-beta schedule synthesized at each size; None when :mod:`synth.synthesis.alphabeta` is not installed."""
-    if _optional("synth.synthesis.alphabeta") is None:
-        return None
+                          on_done: Callable[[int], None] | None = None) -> list[Algorithm]:
+    """An alpha-beta schedule synthesized at each size."""
     sizes = list(sizes)
     args = [(topology, collective, size, method, sketch, root, options) for size in sizes]
     if executor is None:
@@ -107,7 +105,7 @@ def alpha_beta_algorithms(collective: str, topology: Topology, sizes: Iterable[i
     out = []
     for size, (result, error) in zip(sizes, outcomes):
         if error is not None:
-            failures.append((ALPHA_BETA, size, error))
+            failures.append(SourceFailure(ALPHA_BETA, size, error))
             continue
         if any(a.schedule == result.schedule for a in out):
             continue
@@ -123,27 +121,18 @@ def _capture(fn):
         return None, str(exc)
 
 
-def collect_candidates(frontier: Iterable[SweepPoint], collective: str, topology: Topology, sizes: Iterable[int],
+def collect_algorithms(frontier: Iterable[SweepPoint], collective: str, topology: Topology, sizes: Iterable[int],
                        root: int | None = None, use_baselines: bool = True, use_alpha_beta: bool = True,
                        method: str = "auto", sketch: str | None = None, options: SolverOptions = SolverOptions(),
                        executor: cf.Executor | None = None,
-                       on_done: Callable[[int], None] | None = None) -> Candidates:
+                       on_done: Callable[[int], None] | None = None) -> AlgorithmPool:
     """Every candidate algorithm for the per-size choice."""
     sizes = list(sizes)
-    failures: list = []
-    missing = []
+    failures: list[SourceFailure] = []
     algorithms = step_algorithms(frontier)
     if use_baselines:
-        found = baseline_algorithms(collective, topology, sizes, root, failures)
-        if found is None:
-            missing.append("synth.synthesis.baselines")
-        else:
-            algorithms += found
+        algorithms += baseline_algorithms(collective, topology, sizes, root, failures)
     if use_alpha_beta:
-        found = alpha_beta_algorithms(collective, topology, sizes, root, method, sketch, options, failures,
-                                      executor, on_done)
-        if found is None:
-            missing.append("synth.synthesis.alphabeta")
-        else:
-            algorithms += found
-    return Candidates(tuple(algorithms), tuple(missing), tuple(failures))
+        algorithms += alpha_beta_algorithms(collective, topology, sizes, root, method, sketch, options, failures,
+                                            executor, on_done)
+    return AlgorithmPool(tuple(algorithms), tuple(failures))

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from synth.synthesis.baselines import best_baseline
-from synth.bounds.physical import lower_bound
 from synth.errors import InputError
-from synth.model.topology import Topology
+from synth.synthesis.request import SynthesisRequest
 
 
 @dataclass(frozen=True)
@@ -34,14 +32,20 @@ class LimitComparison:
                 "baseline_us": self.baseline_us, "speedup_vs_baseline": self.speedup_vs_baseline}
 
 
-def compare_with_limits(collective: str, topology: Topology, size_bytes: int, time_us: float,
-                        root: int | None = None, with_baseline: bool = True) -> LimitComparison:
-    bound = lower_bound(collective, topology, size_bytes, root=root)
+def compare_with_limits(request: SynthesisRequest, time_us: float) -> LimitComparison:
+    """How ``time_us`` (us) compares with the request's physical limit and its fastest baseline.
+
+    >>> from synth.model.topology import load_topology
+    >>> c = compare_with_limits(SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20), 100.0)
+    >>> c.baseline, 0 < c.percent_of_limit < 100
+    ('bidir-ring', True)
+    """
+    bound = request.bound
     name = base_us = speedup = None
-    if with_baseline:
+    if request.include_baselines:
         try:
-            name, _, base = best_baseline(collective, topology, size_bytes, root=root)
-            base_us, speedup = base.time_us, base.time_us / time_us
+            best = request.baselines.best()
+            name, base_us, speedup = best.name, best.report.time_us, best.report.time_us / time_us
         except InputError:
             pass  # no baseline applies on this topology
     return LimitComparison(bound.limit_us, bound.binding, 100.0 * bound.limit_us / time_us, name, base_us, speedup)

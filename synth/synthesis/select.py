@@ -9,23 +9,28 @@ the MSCCL runtimes will select at power-of-two sizes compete (a power-of-two ``n
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
-from synth.synthesis.baselines import best_baseline
-from synth.model.collectives import make_collective
 from synth.errors import InfeasibleError, InputError
+from synth.model.collectives import make_collective
 from synth.schedule.replay import ReplayReport, verify
-from synth.solver.highs import SolverOptions
+from synth.solver.highs import Status
+from synth.synthesis.request import Method, SynthesisRequest
 from synth.synthesis.steps import SynthesisResult, smallest_steps, synthesize_steps
-from synth.model.topology import Topology, check_connected
 
-METHODS = ("auto", "steps", "routed", "timexp")
 # The step search in `auto` is worth its time on single machines; beyond this many ranks (or with a sketch)
 # the alpha-beta formulations reach the limit faster (benchmarks/bench_alphabeta.py).
 STEP_SEARCH_MAX_RANKS = 16
 
+Progress = Callable[[str], None]
+
+
+def _quiet(message: str) -> None:
+    """The default progress sink: library code never prints."""
+
 
 @dataclass(frozen=True)
-class Choice:
+class Candidate:
     """A verified candidate: where it came from, the solver's account, and its replayed time."""
 
     label: str
@@ -33,101 +38,104 @@ class Choice:
     report: ReplayReport
 
 
-def _search_rounds(topology, name, steps, chunks, root, options, max_rounds, progress) -> SynthesisResult:
+def _search_rounds(request: SynthesisRequest, steps: int, chunks: int, max_rounds: int,
+                   progress: Progress) -> SynthesisResult:
     """Fewest rounds (from ``steps`` up) for which a schedule exists; each probe is one small MILP."""
     last_error = None
     for rounds in range(steps, max_rounds + 1):
         progress(f"  trying steps={steps} rounds={rounds} chunks={chunks}")
         try:
-            return synthesize_steps(topology, name, steps, rounds, chunks, root, options)
+            return synthesize_steps(request.topology, request.collective, steps, rounds, chunks, request.root,
+                                    request.options)
         except InfeasibleError as exc:
             last_error = exc
     raise InfeasibleError(f"no schedule with {steps} steps, up to {max_rounds} rounds and {chunks} chunk(s) per "
                           f"rank ({last_error}); give --steps/--rounds explicitly")
 
 
-def step_candidates(topology: Topology, name: str, size_bytes: int, steps, rounds, chunks, root,
-                    options: SolverOptions, progress) -> list[Choice]:
+def step_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
     """The given (steps, rounds, chunks), or for each open chunk count the fewest rounds at the fewest steps."""
-    if steps is not None and rounds is not None:
-        result = synthesize_steps(topology, name, steps, rounds, chunks or 1, root, options)
-        return [Choice("steps", result, verify(result.schedule, topology, size_bytes))]
+    topology, name, root = request.topology, request.collective, request.root
+    if request.fixed_steps:
+        result = synthesize_steps(topology, name, request.steps, request.rounds, request.chunks or 1, root,
+                                  request.options)
+        return [Candidate("steps", result, verify(result.schedule, topology, request.size_bytes))]
     found = []
-    for c in ([chunks] if chunks else [1, 2, 4]):
-        if not chunks and not make_collective(name, topology.num_ranks, c, root).runs_at_power_of_two_sizes:
+    for c in ([request.chunks] if request.chunks else [1, 2, 4]):
+        if not request.chunks and not make_collective(name, topology.num_ranks, c, root).runs_at_power_of_two_sizes:
             continue
-        s = steps if steps is not None else smallest_steps(topology, name, c, root)
+        s = request.steps if request.steps is not None else smallest_steps(topology, name, c, root)
         if name == "allreduce" and s % 2:
             s += 1
         try:
-            if rounds is not None:
-                result = synthesize_steps(topology, name, s, rounds, c, root, options)
+            if request.rounds is not None:
+                result = synthesize_steps(topology, name, s, request.rounds, c, root, request.options)
             else:
-                result = _search_rounds(topology, name, s, c, root, options, s + 2 * topology.num_ranks * c,
-                                        progress)
+                result = _search_rounds(request, s, c, s + 2 * topology.num_ranks * c, progress)
         except InfeasibleError:
-            if chunks:
+            if request.chunks:
                 raise
             continue
-        report = verify(result.schedule, topology, size_bytes)
+        report = verify(result.schedule, topology, request.size_bytes)
         progress(f"  steps: S={result.steps} R={result.rounds} C={c}: {report.time_us:.2f} us")
-        found.append(Choice("steps", result, report))
+        found.append(Candidate("steps", result, report))
     return found
 
 
-def alpha_beta_candidate(topology, name, size_bytes, method, sketch, chunks, root, options, progress) -> Choice:
+def alpha_beta_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate:
+    """The alpha-beta drivers' schedule (routed, or time-expanded; sketch-guided when a sketch is given)."""
     from synth.synthesis.alphabeta import synthesize_alpha_beta
 
-    progress(f"  alpha-beta ({method}{', sketch ' + str(sketch) if sketch else ''})")
-    result = synthesize_alpha_beta(topology, name, size_bytes, "auto" if method == "auto" else method, sketch,
-                                   chunks, root, options)
-    report = verify(result.schedule, topology, size_bytes)
+    method = request.method
+    progress(f"  alpha-beta ({method}{', sketch ' + str(request.sketch) if request.sketch else ''})")
+    result = synthesize_alpha_beta(request.topology, request.collective, request.size_bytes,
+                                   "auto" if method == Method.AUTO else method.value, request.sketch,
+                                   request.chunks, request.root, request.options)
+    report = verify(result.schedule, request.topology, request.size_bytes)
     progress(f"  alpha-beta: {report.time_us:.2f} us")
-    return Choice(result.schedule.method, result, report)
+    return Candidate(result.schedule.method, result, report)
 
 
-def baseline_candidate(topology, name, size_bytes, root, progress) -> Choice | None:
+def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
+    """The fastest baseline the runtimes select at power-of-two sizes, or None when none applies."""
     try:
-        base_name, schedule, report = best_baseline(name, topology, size_bytes, root=root, runnable_only=True)
+        run = request.baselines.best(runnable_only=True)
     except InputError:
         return None
-    progress(f"  baseline {base_name}: {report.time_us:.2f} us")
-    result = SynthesisResult(schedule, "baseline", 0.0, None, 1, schedule.steps, schedule.rounds,
+    progress(f"  baseline {run.name}: {run.report.time_us:.2f} us")
+    schedule = run.schedule
+    result = SynthesisResult(schedule, Status.BASELINE, 0.0, None, 1, schedule.steps, schedule.rounds,
                              schedule.collective.chunks_per_rank)
-    return Choice(f"baseline/{base_name}", result, report)
+    return Candidate(f"baseline/{run.name}", result, run.report)
 
 
-def candidates(topology: Topology, name: str, size_bytes: int, method: str = "auto", steps=None, rounds=None,
-               chunks=None, root=None, sketch=None, options: SolverOptions = SolverOptions(),
-               include_baselines: bool = True, progress=lambda message: None) -> list[Choice]:
-    """Every verified candidate for the request, fastest first. Raises InfeasibleError when there is none."""
-    if method not in METHODS:
-        raise InputError("--method", "", f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
-    check_connected(topology)
-    fixed_steps = steps is not None and rounds is not None
-    if fixed_steps and method not in ("auto", "steps"):
-        raise InputError("--steps", "", f"--steps/--rounds belong to the step formulation, not --method {method}")
-    if sketch is not None and method == "steps":
-        raise InputError("--sketch", "", "sketches guide the alpha-beta formulations; use --method auto|routed|timexp")
-    found: list[Choice] = []
+def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
+    """Every verified candidate for the request, fastest first. Raises InfeasibleError when there is none.
+
+    >>> from synth.model.topology import load_topology
+    >>> found = verified_candidates(SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20))
+    >>> found[0].report.time_us <= found[-1].report.time_us
+    True
+    """
+    method, topology = request.method, request.topology
+    found: list[Candidate] = []
     errors = []
-    use_steps = method == "steps" or fixed_steps or (
-        method == "auto" and sketch is None and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
+    use_steps = method == Method.STEPS or request.fixed_steps or (
+        method == Method.AUTO and request.sketch is None and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
     if use_steps:
         try:
-            found += step_candidates(topology, name, size_bytes, steps, rounds, chunks, root, options, progress)
+            found += step_candidates(request, progress)
         except InfeasibleError as exc:
-            if method == "steps" or fixed_steps:
+            if method == Method.STEPS or request.fixed_steps:
                 raise
             errors.append(str(exc))
-    if method in ("routed", "timexp") or (method == "auto" and not fixed_steps):
-        found.append(alpha_beta_candidate(topology, name, size_bytes, method, sketch, chunks, root, options,
-                                          progress))
-    if include_baselines and method == "auto" and not fixed_steps and sketch is None:
-        base = baseline_candidate(topology, name, size_bytes, root, progress)
+    if method in (Method.ROUTED, Method.TIMEXP) or request.open_choice:
+        found.append(alpha_beta_candidate(request, progress))
+    if request.include_baselines and request.open_choice and request.sketch is None:
+        base = baseline_candidate(request, progress)
         if base is not None:
             found.append(base)
-    if method == "auto" and not fixed_steps:
+    if request.open_choice:
         runnable = [c for c in found if c.result.schedule.collective.runs_at_power_of_two_sizes]
         if runnable:
             found = runnable

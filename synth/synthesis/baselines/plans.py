@@ -1,0 +1,172 @@
+"""Routings and issue order shared by every baseline family: a Routes object says how each chunk spreads
+(or is collected); plan_collective turns it into per-chunk plans and order_plans into ordered transfers."""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from synth.errors import InputError, SynthError
+from synth.model.collectives import Collective
+from synth.model.topology import Topology
+from synth.schedule.costmodel import LinkClock
+from synth.schedule.ir import COPY, REDUCE, Transfer
+
+DEFAULT_ORDER_BYTES = 1 << 20
+Edge = tuple[int, int]
+
+
+# ----------------------------------------------------------------------------------------------- plans
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How one chunk moves: ``reduce_edges`` (an in-tree, partial sums flow to its root) then ``copy_edges``
+    (an out-tree or a path, copies flow from its root)."""
+
+    chunk: int
+    reduce_edges: tuple[Edge, ...] = ()
+    copy_edges: tuple[Edge, ...] = ()
+    priority: int = 0
+
+
+class Routes:
+    """A baseline's routing on one topology; subclasses override what they support.
+
+    ``ways`` is how many rings or trees the data is split over; chunk ``index`` (its position among the
+    chunks of one origin) picks one of them.
+    """
+
+    ways = 1
+
+    def spread(self, origin: int, index: int) -> list[Edge]:
+        """Out-tree edges that bring a chunk from ``origin`` to every other rank."""
+        raise NotImplementedError
+
+    def collect(self, root: int, index: int) -> list[Edge]:
+        """In-tree edges that bring every rank's contribution to ``root``."""
+        raise NotImplementedError
+
+    def path(self, src: int, dst: int, index: int) -> list[Edge]:
+        """Edges of a path from ``src`` to ``dst``."""
+        raise NotImplementedError
+
+    def priority(self, src: int, dst: int, edges: list[Edge]) -> int:
+        """Issue priority of a point-to-point chunk among transfers ready at the same time (lower first):
+        by default the longest path goes first."""
+        return -len(edges)
+
+    def hub(self, owner: int, index: int) -> int:
+        """Rank where an Allreduce chunk owned by ``owner`` is fully reduced before it is spread."""
+        return owner
+
+    def explicit(self, collective: Collective) -> list[Transfer] | None:
+        """A schedule with fixed steps, for algorithms whose steps are not an issue order (None: use routes)."""
+        return None
+
+    def describe(self) -> dict:
+        """JSON-ready description of the structure (rings, trees, rails) for the schedule's notes."""
+        return {}
+
+
+def plan_collective(collective: Collective, routes: Routes) -> list[ChunkPlan]:
+    """Chunk plans of a collective from a routing (reads the collective's tables, see the module docstring)."""
+    plans = []
+    name = collective.name
+    per_origin = collective.chunks_per_rank
+    n = collective.num_ranks
+    for c in collective.chunks:
+        index = c.id % per_origin
+        rounds = index * n  # a chunk's edges come after every edge of the origin's earlier chunks
+        if name in ("allgather", "broadcast"):
+            (origin,) = c.sources
+            plans.append(ChunkPlan(c.id, (), tuple(routes.spread(origin, index)), rounds))
+        elif name in ("reducescatter", "reduce"):
+            (root,) = c.dest_ranks
+            plans.append(ChunkPlan(c.id, tuple(routes.collect(root, index)), (), rounds))
+        elif name == "allreduce":
+            hub = routes.hub(c.id // per_origin, index)
+            plans.append(ChunkPlan(c.id, tuple(routes.collect(hub, index)), tuple(routes.spread(hub, index)),
+                                   rounds))
+        else:  # alltoall, gather, scatter: one source, one destination
+            (src,) = c.sources
+            (dst,) = c.dest_ranks
+            edges = routes.path(src, dst, index) if src != dst else []
+            plans.append(ChunkPlan(c.id, (), tuple(edges), routes.priority(src, dst, edges)))
+    return plans
+
+
+def order_plans(plans: list[ChunkPlan], topology: Topology, chunk_bytes: float) -> list[Transfer]:
+    """Turn chunk plans into transfers whose steps follow a first-come-first-served alpha-beta replay.
+
+    A reduce edge ``u -> v`` waits for every reduce edge into ``u``; a copy edge out of ``u`` waits for the
+    copy into ``u`` or, at the out-tree's root, for every reduce edge into it. Transfers ready at the same
+    time go in priority order (the plan's priority plus the edge's position in its list, so a star's k-th
+    edges form round k), then by chunk.
+    """
+    nodes, prereqs = _transfer_graph(plans)
+    dependents = [[] for _ in nodes]
+    pending = [len(p) for p in prereqs]
+    for i, pre in enumerate(prereqs):
+        for j in pre:
+            dependents[j].append(i)
+    ready = [0.0] * len(nodes)
+
+    def entry(i):
+        chunk, src, dst, _, prio = nodes[i]
+        return (ready[i], prio, chunk, src, dst, i)
+
+    heap = [entry(i) for i in range(len(nodes)) if not pending[i]]
+    heapq.heapify(heap)
+    clock = LinkClock(topology)
+    done = 0
+    while heap:
+        start, _, _, src, dst, i = heapq.heappop(heap)
+        arrival = clock.reserve(topology.link_index[(src, dst)], start, chunk_bytes).arrival_us
+        done += 1
+        for j in dependents[i]:
+            ready[j] = max(ready[j], arrival)
+            pending[j] -= 1
+            if not pending[j]:
+                heapq.heappush(heap, entry(j))
+    if done != len(nodes):
+        raise SynthError("internal error: a baseline's routing has a dependency cycle")
+    keys = [(ready[i], nodes[i][4]) for i in range(len(nodes))]
+    step_of = {k: s for s, k in enumerate(sorted(set(keys)))}
+    return [Transfer(chunk, src, dst, step_of[keys[i]], op) for i, (chunk, src, dst, op, _) in enumerate(nodes)]
+
+
+def _transfer_graph(plans: list[ChunkPlan]):
+    """``(chunk, src, dst, op, priority)`` per transfer and the indices of the transfers each one waits for."""
+    nodes, prereqs = [], []
+    for p in plans:
+        base = len(nodes)
+        reduce_in: dict[int, list[int]] = {}
+        for k, (_, v) in enumerate(p.reduce_edges):
+            reduce_in.setdefault(v, []).append(base + k)
+        for k, (u, v) in enumerate(p.reduce_edges):
+            nodes.append((p.chunk, u, v, REDUCE, p.priority + k))
+            prereqs.append(list(reduce_in.get(u, [])))
+        base = len(nodes)
+        copy_in: dict[int, int] = {}
+        for k, (_, v) in enumerate(p.copy_edges):
+            if v in copy_in:
+                raise SynthError(f"internal error: chunk {p.chunk} is copied into rank {v} twice")
+            copy_in[v] = base + k
+        for k, (u, v) in enumerate(p.copy_edges):
+            nodes.append((p.chunk, u, v, COPY, p.priority + k))
+            prereqs.append([copy_in[u]] if u in copy_in else list(reduce_in.get(u, [])))
+    return nodes, prereqs
+
+
+def check_links(plans: list[ChunkPlan], topology: Topology, name: str) -> None:
+    for p in plans:
+        for u, v in p.reduce_edges + p.copy_edges:
+            if topology.link(u, v) is None:
+                raise InputError(f"baseline {name!r}", "", f"needs a link {u}->{v}, which topology "
+                                 f"{topology.name} does not have")
+
+
+# ----------------------------------------------------------------------------------------------- routings
+
+def not_applicable(name: str, reason: str) -> InputError:
+    return InputError(f"baseline {name!r}", "", reason)

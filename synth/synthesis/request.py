@@ -1,0 +1,112 @@
+"""One synthesis request: what a command asks for, and what is computed once for it.
+
+Every stage of ``synth solve`` (the step search, the alpha-beta drivers, the baselines, the comparison with the
+physical limit) receives the same :class:`SynthesisRequest`. The physical limit and the baseline table are
+derived from it on first use and kept, so a command builds each baseline and solves each bound LP once, however
+many stages need them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+
+from synth.bounds.physical import Bound, lower_bound
+from synth.errors import InputError
+from synth.model.collectives import make_collective, normalize_name
+from synth.model.topology import Topology, check_connected
+from synth.solver.highs import SolverOptions
+from synth.synthesis.baselines import BaselineTable, evaluate_baselines
+
+
+class Method(str, Enum):
+    """How ``synth solve`` searches: one formulation, or ``auto`` (every applicable one plus the baselines)."""
+
+    AUTO = "auto"
+    STEPS = "steps"
+    ROUTED = "routed"
+    TIMEXP = "timexp"
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
+
+
+METHODS = tuple(m.value for m in Method)
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """A collective on a topology at a size, with the user's constraints on how to search.
+
+    ``size_bytes`` is nccl-tests' per-rank buffer (DESIGN section 4). ``steps``/``rounds``/``chunks`` fix the
+    step formulation's S, R, C (None: searched). ``sketch`` is a sketch name or path (alpha-beta only).
+
+    >>> from synth.model.topology import load_topology
+    >>> r = SynthesisRequest(load_topology("ring-4"), "all_gather", 1 << 20)
+    >>> r.collective, r.method, r.baselines is r.baselines
+    ('allgather', <Method.AUTO: 'auto'>, True)
+    """
+
+    topology: Topology
+    collective: str
+    size_bytes: int
+    root: int | None = None
+    method: Method = Method.AUTO
+    sketch: str | None = None
+    steps: int | None = None
+    rounds: int | None = None
+    chunks: int | None = None
+    options: SolverOptions = SolverOptions()
+    include_baselines: bool = True
+    _baseline_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "collective", normalize_name(self.collective))
+        try:
+            object.__setattr__(self, "method", Method(self.method))
+        except ValueError:
+            raise InputError("--method", "", f"unknown method {self.method!r}; choose one of "
+                             f"{', '.join(METHODS)}") from None
+        if not (isinstance(self.size_bytes, int) and self.size_bytes > 0) and not (
+                isinstance(self.size_bytes, float) and math.isfinite(self.size_bytes) and self.size_bytes > 0):
+            raise InputError("--size", "", f"size must be a positive number of bytes, got {self.size_bytes!r}")
+        if self.fixed_steps and self.method not in (Method.AUTO, Method.STEPS):
+            raise InputError("--steps", "", f"--steps/--rounds belong to the step formulation, not --method "
+                             f"{self.method}")
+        if self.sketch is not None and self.method == Method.STEPS:
+            raise InputError("--sketch", "", "sketches guide the alpha-beta formulations; use --method "
+                             "auto|routed|timexp")
+        make_collective(self.collective, self.topology.num_ranks, self.chunks or 1, self.root)  # validates root
+        check_connected(self.topology)
+
+    @property
+    def fixed_steps(self) -> bool:
+        """Whether the user fixed the step formulation's (S, R)."""
+        return self.steps is not None and self.rounds is not None
+
+    @property
+    def open_choice(self) -> bool:
+        """``auto`` with nothing fixed: every source competes, and only runnable plans are kept."""
+        return self.method == Method.AUTO and not self.fixed_steps
+
+    @cached_property
+    def bound(self) -> Bound:
+        """The physical limit at the request's size (computed once)."""
+        return lower_bound(self.collective, self.topology, self.size_bytes, root=self.root)
+
+    @property
+    def baselines(self) -> BaselineTable:
+        """Every applicable baseline for the request's collective, built and replayed once."""
+        return self.baselines_for(self.collective, self.topology)
+
+    def baselines_for(self, collective: str, topology: Topology) -> BaselineTable:
+        """The baseline table of a sub-problem at the request's size and root (the dual of a reduction on the
+        reversed topology, the halves of an Allreduce), built once per (collective, topology)."""
+        key = (normalize_name(collective), topology)
+        if key not in self._baseline_tables:
+            self._baseline_tables[key] = evaluate_baselines(key[0], topology, self.size_bytes, self.root)
+        return self._baseline_tables[key]
