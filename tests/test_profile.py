@@ -4,7 +4,7 @@ import json
 import random
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from click.testing import CliRunner
 
@@ -197,6 +197,9 @@ _AG_ROWS = nccl_tests_output("all_gather", 8, 3.0, 20.0, 0.02, 7, header=False).
 @given(st.lists(st.sampled_from(_ROWS + _AG_ROWS) | st.text(max_size=80), max_size=40),
        st.sampled_from([None, "sendrecv", "all_reduce", "all_gather", "alltoall"]),
        st.sampled_from(["", "[1,0]<stdout>:", " 3: "]))
+@example(lines=[_ROWS[8], "\u00b9", "           8             2     float     sum      -1      2.99    0.00    0.00       0"
+                "      3.03    0.00    0.00       0\n"], test=None, prefix="")   # a size starting with '¹'
+
 def test_any_text_ends_in_a_fit_or_an_input_error(lines, test, prefix):
     try:
         table = parse_nccl_tests("".join(prefix + l for l in lines), "fuzz.txt", test)

@@ -91,6 +91,7 @@ PER_ITERATION_COLUMNS = ("size count type redop root time algbw busbw #wrong i_m
 _TEST_LINE = re.compile(r"^#\s*Collective test starting:\s*([A-Za-z_]+)")
 _RANK_LINE = re.compile(r"^#\s+Rank\s+(\d+)\s+Group\s+\d+(?:\s+Pid\s+\d+\s+on\s+(\S+))?")
 _NUMBER = re.compile(r"^[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$")
+_COUNT = re.compile(r"^[0-9]{1,15}$")   # ASCII digits only: str.isdigit() accepts '¹', which int() refuses
 _PREFIXES = (re.compile(r"^\s*\[\d+,\d+\]<std(?:out|err)>:\s?"),   # mpirun --tag-output
              re.compile(r"^\s*\d+:\s"))                                # srun --label
 
@@ -266,7 +267,7 @@ def _scan(text: str, source: str) -> _Rows:
                 columns = tokens
             continue
         tokens = stripped.split()
-        if not tokens or not tokens[0].isdigit() or len(tokens[0]) > 15:
+        if not tokens or not _COUNT.match(tokens[0]):
             continue
         cols = columns
         if cols is None and len(tokens) >= len(DEFAULT_COLUMNS) and _NUMBER.match(tokens[5]):
@@ -308,7 +309,7 @@ def _size_per_count(columns: list[str], tokens: list[str]) -> float | None:
     if "count" not in columns or "type" not in columns:
         return None
     count, type_name = tokens[columns.index("count")], tokens[columns.index("type")].lower()
-    if not count.isdigit() or int(count) == 0 or type_name not in _TYPE_BYTES:
+    if not _COUNT.match(count) or int(count) == 0 or type_name not in _TYPE_BYTES:
         return None
     return int(tokens[0]) / (int(count) * _TYPE_BYTES[type_name])
 
