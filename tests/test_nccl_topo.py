@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.nccl.topo_import import import_nccl_dumps, parse_nccl_dump, pcie_bandwidth_GBps, read_nccl_dumps
+from backends.nccl.topo_import import import_nccl_dumps, pcie_bandwidth_GBps, read_nccl_dumps
 from synth.cli import main
 from synth.errors import InputError
 from synth.model.topology import check_connected, load_topology, topology_from_dict

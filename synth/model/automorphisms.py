@@ -88,7 +88,7 @@ def _structure_graph(topo) -> _Graph:
     for link in topo.links:
         if link.switch is None:
             edges.append((link.src, link.dst, ("link", link.lanes, link.bw_GBps, link.alpha_us,
-                                               getattr(link, "path_type", ""))))
+                                               link.path_type)))
     colour_id = {c: i for i, c in enumerate(sorted(set(colour), key=repr))}
     label_id = {lab: i for i, lab in enumerate(sorted({lab for _, _, lab in edges}, key=repr))}
     out_adj: list[list] = [[] for _ in colour]
