@@ -128,3 +128,14 @@ def test_any_profile_ends_in_a_topology_or_an_input_error(raw):
     except InputError:
         return
     assert topo.num_ranks >= 1 and (topo.links or topo.num_ranks == 1)
+
+
+def test_topo_show_says_which_size_a_taccl_profile_describes(tmp_path):
+    from click.testing import CliRunner
+    from synth.cli import main
+    f = _write(tmp_path, "topo-cube-1MB.json", CUBE_1MB)
+    result = CliRunner().invoke(main, ["topo", "show", str(f)])
+    assert result.exit_code == 0, result.output
+    assert "TACCL profile Cube_1MB for 1MB messages" in result.output and "32 direct links" in result.output
+    result = CliRunner().invoke(main, ["topo", "show", str(f), "--nodes", "2"])
+    assert "64 direct links" in result.output      # the cube-mesh on both nodes, joined through the NICs
