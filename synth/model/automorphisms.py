@@ -110,16 +110,18 @@ class _Search:
         self.refinements = 0
         self.fixed_base = max(graph.colours) + 1
 
-    def refine(self, individualised: list[int]) -> list[int]:
-        """Colour refinement (1-WL on the labelled digraph) of the base colours with ``individualised``
-        vertices given their own colours in order. Names are canonical, so two runs compare."""
+    def refine(self, individualised: list[int], start: list[int] | None = None) -> list[int]:
+        """Colour refinement (1-WL on the labelled digraph) of ``start`` (default: the base colours) with
+        ``individualised`` vertices given new colours of their own, in order. Names are canonical, so two runs
+        from equally named colourings compare."""
         self.refinements += 1
         if self.refinements > self.max_refinements or (self.refinements % 64 == 0
                                                        and time.monotonic() > self.deadline):
             raise _Budget
-        current = list(self.g.colours)
+        current = list(self.g.colours if start is None else start)
+        base = self.fixed_base if start is None else max(start) + 1
         for k, v in enumerate(individualised):
-            current[v] = self.fixed_base + k
+            current[v] = base + k
         classes = len(set(current))
         out_adj, in_adj = self.g.out_adj, self.g.in_adj
         while True:
@@ -131,10 +133,16 @@ class _Search:
                 return current
             classes = len(names)
 
-    def find(self, pairs: list[tuple[int, int]]) -> dict[int, int] | None:
-        """An automorphism mapping every ``x`` to ``y`` of ``pairs``, or None when there is none."""
-        c1 = self.refine([x for x, _ in pairs])
-        c2 = self.refine([y for _, y in pairs])
+    def find(self, pairs: list[tuple[int, int]], c1: list[int] | None = None,
+             c2: list[int] | None = None) -> dict[int, int] | None:
+        """An automorphism mapping every ``x`` to ``y`` of ``pairs``, or None when there is none. ``c1``/``c2``
+        are the refined colourings of all but the last pair, when the caller has them."""
+        if c1 is None:
+            c1 = self.refine([x for x, _ in pairs])
+            c2 = self.refine([y for _, y in pairs])
+        else:
+            c1 = self.refine([pairs[-1][0]], c1)
+            c2 = self.refine([pairs[-1][1]], c2)
         if sorted(c1) != sorted(c2):
             return None
         cells1: dict[int, list[int]] = {}
@@ -151,7 +159,7 @@ class _Search:
         c = min(open_cells, key=lambda c: (len(cells1[c]), c))
         x = cells1[c][0]
         for y in sorted(cells2[c], key=lambda y: y != x):   # fixing x first finds the simplest mapping
-            found = self.find(pairs + [(x, y)])
+            found = self.find(pairs + [(x, y)], c1, c2)
             if found is not None:
                 return found
         return None
