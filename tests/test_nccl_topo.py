@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.nccl.topo_import import import_nccl_dumps, parse_nccl_dump, pcie_bandwidth_GBps
+from backends.nccl.topo_import import import_nccl_dumps, pcie_bandwidth_GBps, read_nccl_dumps
 from synth.cli import main
 from synth.errors import InputError
 from synth.model.topology import check_connected, load_topology, topology_from_dict
@@ -100,7 +100,7 @@ def test_nvlink_components_and_cross_socket_pcie(tmp_path):
     ('<!DOCTYPE s [<!ENTITY x "y">]><system version="1"/>', "refused"),
     ("<system version='1'><cpu>", "invalid XML"),
     ("<graphs version='1'/>", "root element must be <system"),
-    ("<system version='2'/>", "unsupported version"),
+    ("<system version='3'/>", "unsupported version"),
     ("<system version='1'/>", "no <gpu> elements"),
     (SMALL.format(sm=75, nvlink='<nvlink target="0000:02:00.0" count="1" tclass="0x030200"/>'),
      "no NVLink bandwidth known for sm75"),
@@ -139,13 +139,17 @@ def test_oversized_file_is_refused_before_parsing(tmp_path, monkeypatch):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.text(max_size=300) | st.sampled_from([DGX1.read_text()[:n] for n in (50, 700, 2000, 4000)]))
-def test_any_text_ends_in_a_topology_or_an_input_error(text):
+@given(st.text(max_size=300) | st.sampled_from([f.read_text()[:n] for f in (DGX1, DATA / "mi300x_xgmi_v2.xml",
+                                                                          DATA / "vm_self_target_nvlink.xml")
+                                                 for n in (50, 700, 2000, 4000)]))
+def test_any_text_ends_in_a_topology_or_an_input_error(tmp_path_factory, text):
+    f = tmp_path_factory.mktemp("fuzz") / "fuzz.xml"
+    f.write_text(text)
     try:
-        node = parse_nccl_dump(text, "fuzz.xml")
+        result = read_nccl_dumps([f])
     except InputError:
         return
-    assert node.gpus
+    assert topology_from_dict(result.topology, str(f)).num_ranks >= 1
 
 
 def test_cli_import_nccl_writes_a_loadable_topology(tmp_path):
@@ -190,3 +194,68 @@ def test_solve_on_imported_dgx1_dump_matches_the_builtin(dgx1):
         assert abs(ratio - 25 / 20) < 0.01
     with pytest.raises(InfeasibleError):
         synthesize_steps(imported, "allgather", 3, 6, 6)
+
+
+DUAL = DATA / "h100_dual_port_nic.xml"
+SELF = DATA / "vm_self_target_nvlink.xml"
+XGMI = DATA / "mi300x_xgmi_v2.xml"
+
+
+def test_dual_port_nic_gives_each_gpu_both_ports():
+    """Dual-port NIC: two <net> in one <nic> next to one GPU add up (2 x 25 GB/s), keeping NCCL's dev numbers."""
+    t = _load(DUAL)
+    assert [(n.ranks, n.bw_GBps) for n in t.nics] == [((r,), 50.0) for r in range(8)]
+    assert t.nics[0].net_devs == (14, 15) and t.nics[7].net_devs == (0, 1)
+    assert {n.path_type for n in t.nics} == {"PIX"}      # each NIC shares its GPU's PCIe switch
+    (sw,) = t.switches
+    assert all(p.egress_GBps == pytest.approx(18 * 20.6) for p in sw.ports)
+    again = topology_from_dict(t.to_dict(), "round trip")
+    assert again.nics == t.nics
+
+
+def test_self_target_nvlink_is_left_out_with_a_named_warning_as_nccl_does():
+    """Self-target NVLink: NCCL links the GPU to itself (no path uses it), so the GPUs talk over PCIe."""
+    result = read_nccl_dumps([SELF])
+    t = topology_from_dict(result.topology, str(SELF))
+    assert len(t.links) == 12 and all(l.alpha_us == 1.0 for l in t.links)  # PCIe between every pair
+    assert len(result.warnings) == 4
+    assert "gpu[dev=0].nvlink[0]: names the GPU's own bus id 0001:00:00.0" in result.warnings[0]
+    check_connected(t)
+
+
+def test_unknown_nvlink_target_is_a_named_warning(tmp_path):
+    f = tmp_path / "d.xml"
+    f.write_text(SMALL.format(sm=70, nvlink='<nvlink target="0000:99:00.0" count="2" tclass="0x030200"/>'))
+    result = read_nccl_dumps([f])
+    assert result.warnings == (f"{f}: gpu[dev=0].nvlink[0]: target 0000:99:00.0 is not a GPU of this dump; NCCL "
+                               "ignores such a link, so it is left out",)
+    assert "1 warning(s) at import" in result.topology["description"]
+
+
+def test_rccl_version_2_dump_with_xgmi_links():
+    """RCCL xGMI version="2" dump: gfx942 links at RCCL's 48 GB/s each; sm is a CU count there."""
+    result = read_nccl_dumps([XGMI])
+    t = topology_from_dict(result.topology, str(XGMI))
+    assert {(l.src, l.dst) for l in t.links} == {(a, b) for a in range(4) for b in range(4) if a != b}
+    assert all((l.bw_GBps, l.lanes, l.alpha_us) == (48.0, 1, 0.7) for l in t.links)
+    assert [(n.ranks, n.bw_GBps, n.net_devs) for n in t.nics] == [((r,), 50.0, (r,)) for r in range(4)]
+    assert "gfx942" in result.nodes[0] and not result.warnings
+
+
+def test_dumps_of_different_machines_are_refused_naming_the_difference(tmp_path):
+    """Two different machines: never joined silently; the error names both files and what differs."""
+    with pytest.raises(InputError) as info:
+        import_nccl_dumps([A100, DGX1])
+    assert info.value.source == str(DGX1)
+    assert "describes a different machine than" in info.value.problem and "GPU models differ" in info.value.problem
+    one_port = tmp_path / "h100_one_port.xml"
+    one_port.write_text("\n".join(l for l in DUAL.read_text().splitlines() if 'port="2"' not in l))
+    with pytest.raises(InputError, match=r"their NICs \(local GPUs, GB/s\) differ"):
+        import_nccl_dumps([DUAL, one_port])
+
+
+def test_summary_describes_every_node():
+    result = read_nccl_dumps([DUAL, DUAL])
+    assert len(result.nodes) == 2 and all("8 GPUs (sm90)" in n and "16 ports" in n for n in result.nodes)
+    assert result.nodes[1].startswith("node 1: h100_dual_port_nic.xml")
+    assert "node 0: " in result.topology["description"] and "node 1: " in result.topology["description"]

@@ -7,18 +7,33 @@ with ``<nvlink target count tclass>`` children, and ``<nic>`` elements holding `
 validates:
 
 - **NVLink** between two GPUs becomes a directed link per listed ``<nvlink>`` with ``lanes = count`` and the
-  per-link bandwidth of the GPU generation (:data:`NVLINK_GBPS_BY_SM`, GB/s per direction).
-- **NVSwitch** (``tclass="0x068000"``): every attached GPU is a port of one switch per node, with egress and
-  ingress bandwidth ``count * per-link bandwidth``.
+  per-link bandwidth of the GPU generation (:data:`NVLINK_GBPS_BY_SM`, GB/s per direction). The target's
+  ``tclass`` decides what it is, as NCCL decides it: ``0x03....`` (and RCCL's ``0x120000``) a GPU,
+  ``0x068001`` a CPU (POWER9; carries no GPU-to-GPU traffic), anything else an NVSwitch. NCCL silently
+  ignores a GPU target that is not in the dump, and a GPU naming its *own* bus id (NVLink bridges in some cloud
+  VM files) only gets a link to itself, which no path uses: both are left out here too, each with a named
+  warning (:attr:`NcclImport.warnings`), and such GPUs are joined over PCIe like GPUs without NVLink.
+- **xGMI** (RCCL's ``<system version="2">`` dumps, AMD Instinct): ``<xgmi target count tclass>`` children of
+  ``<gpu gcn=...>`` are links like NVLinks, at RCCL's per-link figure for the ``gcn`` architecture
+  (:data:`XGMI_GBPS_BY_GCN`); RCCL's ``sm`` attribute is a CU count there, not a compute capability.
+- **NVSwitch**: every attached GPU is a port of one switch per node, with egress and ingress bandwidth
+  ``count * per-link bandwidth``.
 - **PCIe**: GPUs that cannot reach each other over NVLink at all (not directly, not through an NVSwitch, not
-  through other GPUs' NVLinks) get a PCIe link whose bandwidth is the narrowest link on the PCIe path between
+  through other GPUs' NVLinks) get a PCIe link (``path_type`` PIX/PXB/PHB/SYS as NCCL names the path; NVLinks
+  are NVL) whose bandwidth is the narrowest link on the PCIe path between
   them (each ``pci`` element's ``link_speed`` x ``link_width``, see :func:`pcie_bandwidth_GBps`), crossing the
   inter-CPU link when they hang off different CPUs. Shared PCIe uplinks are not modelled as shared.
-- **NICs**: every ``<net>`` is a NIC with ``speed`` (Mb/s) / 8000 GB/s, used by the local GPUs nearest to it in
-  the PCIe tree (ties are spread evenly). NICs no GPU is nearest to are left out.
+- **NICs**: every ``<net>`` is a network port with ``speed`` (Mb/s) / 8000 GB/s and NCCL's device number
+  ``dev``. GPUs that share a nearest port in the PCIe tree form a group with all their nearest ports; with at
+  least as many ports as GPUs every GPU gets its own share of the ports (a two-port ``<nic>`` next to one GPU
+  gives that GPU both ports: their bandwidths add up), otherwise the GPUs share the ports round-robin. A NIC
+  keeps its ports' ``dev`` numbers (:attr:`synth.model.topology.Nic.net_devs`) and NCCL's path type from its
+  GPUs to it (``path_type``, the worst of them). Ports no GPU is nearest to are left out.
 - **Several dumps** (one per node, in the order given; GPUs ordered by ``dev`` within a node) make a
   multi-node topology: the nodes' NICs are ports of one network switch, as :func:`synth.model.topology.compose_nodes`
-  does for built-ins. Every dump must describe the same number of GPUs.
+  does for built-ins. Our topology format describes every node alike, so the dumps must describe the same
+  machine (GPUs, links, NVSwitch ports, NIC bandwidths); dumps of different machines are refused, naming the
+  first difference. The description lists every node's file and what it holds.
 
 Latencies are not in the dumps; the defaults below match the built-in topologies (profile the real machine
 with ``synth profile`` for measured values).
@@ -39,11 +54,16 @@ from defusedxml import DefusedXmlException
 from defusedxml.ElementTree import fromstring
 
 from synth.errors import InputError
-from synth.model.topology import FORMAT, MAX_RANKS
+from synth.model.topology import FORMAT, MAX_RANKS, PATH_TYPES
 
 # Per-link NVLink bandwidth (GB/s per direction) by compute capability, as NCCL assumes it.
 NVLINK_GBPS_BY_SM = {60: 18.0, 70: 20.0, 80: 20.0, 86: 12.0, 90: 20.6}
-NVSWITCH_TCLASS = 0x068000
+# Per-link xGMI bandwidth (GB/s) by gcn architecture prefix, as RCCL assumes it; other AMD GPUs get the default.
+XGMI_GBPS_BY_GCN = {"gfx94": 48.0, "gfx90a": 36.0}
+XGMI_GBPS_DEFAULT = 24.0
+SUPPORTED_VERSIONS = ("1", "2")   # 1: NCCL; 2: RCCL (adds <xgmi> and the gcn attribute)
+CPU_TCLASS = 0x068001
+GPU_TCLASS_PREFIXES = (0x03, 0x12)  # tclass >> 16: display controller (NVIDIA), processing accelerator (AMD)
 NVLINK_ALPHA_US = 0.7
 PCIE_ALPHA_US = 1.0
 NET_ALPHA_US = 2.0
@@ -68,16 +88,18 @@ _FLOAT = re.compile(r"^\s*[0-9]{1,12}(?:\.[0-9]{1,12})?\s*$")
 @dataclass(frozen=True)
 class _Gpu:
     dev: int
-    sm: int
+    arch: str             # "sm80" (NVIDIA) or the gcn name (AMD, e.g. "gfx942")
+    link_GBps: float | None  # per NVLink / xGMI link, GB/s per direction
     busid: str
     chain: tuple          # ancestors from the GPU's own pci element up to its cpu (Element objects)
-    nvlinks: tuple        # (target busid, count, tclass)
+    nvlinks: tuple        # (target busid, count, kind "gpu" | "cpu" | "switch", element label)
     where: str
 
 
 @dataclass(frozen=True)
 class _Net:
     name: str
+    dev: int              # NCCL's net device number
     bw_GBps: float
     alpha_us: float
     chain: tuple
@@ -92,6 +114,17 @@ class _Node:
     gpus: tuple[_Gpu, ...]
     nets: tuple[_Net, ...]
     cpu_vendor: dict      # id(cpu element) -> vendor string
+    version: str
+
+
+@dataclass(frozen=True)
+class NcclImport:
+    """What :func:`read_nccl_dumps` built: the topology dict, warnings about what NCCL would ignore too, and a
+    one-line summary per node."""
+
+    topology: dict
+    warnings: tuple[str, ...]
+    nodes: tuple[str, ...]
 
 
 # ----------------------------------------------------------------------------------------------- parsing
@@ -163,9 +196,10 @@ def parse_nccl_dump(text: str, source: str) -> _Node:
     if root.tag != "system":
         raise InputError(source, root.tag, "the root element must be <system version=\"1\"> "
                          "(write the file with NCCL_TOPO_DUMP_FILE)")
-    version = root.get("version", "1")
-    if version.strip() != "1":
-        raise InputError(source, "system.version", f"unsupported version {version[:20]!r}; expected 1")
+    version = root.get("version", "1").strip()
+    if version not in SUPPORTED_VERSIONS:
+        raise InputError(source, "system.version", f"unsupported version {version[:20]!r}; expected 1 (NCCL) "
+                         "or 2 (RCCL)")
 
     gpus: list[_Gpu] = []
     nets: list[_Net] = []
@@ -203,42 +237,55 @@ def parse_nccl_dump(text: str, source: str) -> _Node:
     busids = [g.busid for g in gpus]
     if len(set(busids)) != len(busids):
         raise InputError(source, "pci.busid", "two GPUs share a PCI bus id")
-    return _Node(source, tuple(sorted(gpus, key=lambda g: g.dev)), tuple(nets), vendors)
+    return _Node(source, tuple(sorted(gpus, key=lambda g: g.dev)), tuple(nets), vendors, version)
 
 
 def _parse_gpu(el: Element, chain: tuple, source: str, where: str) -> _Gpu:
     dev = _int_attr(el, "dev", source, where)
     where = f"gpu[dev={dev}]"
     sm = _int_attr(el, "sm", source, where)
+    gcn = el.get("gcn")
     if not chain or chain[0].tag != "pci" or not chain[0].get("busid"):
         raise InputError(source, where, "must sit inside the <pci busid=...> element of its device")
     busid = _norm_busid(chain[0].get("busid"))
     links = []
-    for j, nv in enumerate(el.findall("nvlink")):
-        nwhere = f"{where}.nvlink[{j}]"
+    for j, nv in enumerate(child for child in el if child.tag in ("nvlink", "xgmi")):
+        nwhere = f"{where}.{nv.tag}[{j}]"
         target = nv.get("target")
         if not target:
             raise InputError(source, f"{nwhere}.target", "missing; NCCL dumps always carry it")
         count = _int_attr(nv, "count", source, nwhere)
         if not 1 <= count <= 64:
             raise InputError(source, f"{nwhere}.count", f"{count} NVLinks is not plausible (1..64)")
-        tclass = _int_attr(nv, "tclass", source, nwhere, default=0)
-        links.append((_norm_busid(target), count, tclass))
+        tclass = _int_attr(nv, "tclass", source, nwhere, default=-1)
+        if tclass == -1 or (tclass >> 16) in GPU_TCLASS_PREFIXES:
+            kind = "gpu"
+        elif tclass == CPU_TCLASS:
+            kind = "cpu"
+        else:
+            kind = "switch"   # NCCL treats every other target class as the NVSwitch
+        links.append((_norm_busid(target), count, kind, nwhere))
+    if gcn is not None or any(child.tag == "xgmi" for child in el):
+        arch = (gcn or "amd").strip()[:32]
+        per_link = next((bw for prefix, bw in XGMI_GBPS_BY_GCN.items() if arch.startswith(prefix)),
+                        XGMI_GBPS_DEFAULT)
+        return _Gpu(dev, arch, per_link, busid, chain, tuple(links), where)
     if links and sm not in NVLINK_GBPS_BY_SM:
         known = ", ".join(f"sm{k}" for k in NVLINK_GBPS_BY_SM)
         raise InputError(source, f"{where}.sm", f"no NVLink bandwidth known for sm{sm}; known: {known} "
                          "(profile the machine with synth profile instead)")
-    return _Gpu(dev, sm, busid, chain, tuple(links), where)
+    return _Gpu(dev, f"sm{sm}", NVLINK_GBPS_BY_SM.get(sm), busid, chain, tuple(links), where)
 
 
 def _parse_net(el: Element, chain: tuple, source: str, where: str) -> _Net:
     name = el.get("name", "")[:64] or where
+    dev = _int_attr(el, "dev", source, where, default=0)
     speed = _int_attr(el, "speed", source, where)
     if not 0 < speed <= 100_000_000:
         raise InputError(source, f"{where}.speed", f"{speed} Mb/s is not a plausible NIC speed")
     latency = el.get("latency", "0")
     alpha = float(latency) if _FLOAT.match(latency) else 0.0
-    return _Net(name, speed / 8000.0, alpha if alpha > 0 else NET_ALPHA_US, chain, where)
+    return _Net(name, dev, speed / 8000.0, alpha if alpha > 0 else NET_ALPHA_US, chain, where)
 
 
 def _norm_busid(busid: str) -> str:
@@ -265,6 +312,18 @@ def _path_bandwidth(a: tuple, b: tuple, vendors: dict) -> float | None:
     return min(known) if known else None
 
 
+def _pcie_path_type(a: tuple, b: tuple) -> str:
+    """NCCL's path type between two GPUs over PCIe: PIX (one PCIe switch), PXB (several), PHB (through the
+    CPU's host bridge), SYS (across CPU sockets)."""
+    ids_b = {id(e): i for i, e in enumerate(b)}
+    for i, e in enumerate(a):
+        if id(e) in ids_b:
+            if e.tag == "cpu":
+                return "PHB"
+            return "PIX" if i + ids_b[id(e)] - 1 <= 1 else "PXB"
+    return "SYS"
+
+
 def _hops(a: tuple, b: tuple) -> int:
     ids_b = {id(e): i for i, e in enumerate(b)}
     for i, e in enumerate(a):
@@ -273,33 +332,38 @@ def _hops(a: tuple, b: tuple) -> int:
     return len(a) + len(b) + 1000
 
 
-def _node_parts(node: _Node) -> dict:
-    """Links (local ranks), NVSwitch ports and NICs of one node."""
+def _node_parts(node: _Node, warnings: list[str]) -> dict:
+    """Links (local ranks), NVSwitch ports and NICs of one node; what NCCL would ignore goes to ``warnings``."""
     source = node.source
     local = {g.busid: i for i, g in enumerate(node.gpus)}
     links: dict[tuple[int, int], dict] = {}
     switch_ports = []
     nvl_neighbours: dict[int, set[int]] = {i: set() for i in range(len(node.gpus))}
     for i, g in enumerate(node.gpus):
-        per_link = NVLINK_GBPS_BY_SM.get(g.sm)
         on_switch = 0
-        for j, (target, count, tclass) in enumerate(g.nvlinks):
-            if tclass == NVSWITCH_TCLASS:
+        for target, count, kind, where in g.nvlinks:
+            if kind == "switch":
                 on_switch += count
-            elif target in local:
+            elif kind == "cpu":
+                continue  # NVLink to a POWER9 CPU carries no GPU-to-GPU traffic
+            elif target == g.busid:
+                warnings.append(f"{source}: {where}: names the GPU's own bus id {target} as target (NVLink "
+                                "bridges in some VM files); NCCL links the GPU to itself, which no path uses, so "
+                                "it is left out and the GPU's peers are reached over PCIe")
+            elif target not in local:
+                warnings.append(f"{source}: {where}: target {target} is not a GPU of this dump; NCCL ignores "
+                                "such a link, so it is left out")
+            else:
                 dst = local[target]
-                if dst == i:
-                    raise InputError(source, f"{g.where}.nvlink[{j}].target", "an NVLink to the GPU itself")
                 if (i, dst) in links:
                     links[(i, dst)]["lanes"] += count
                 else:
-                    links[(i, dst)] = {"src": i, "dst": dst, "alpha_us": NVLINK_ALPHA_US, "bw_GBps": per_link,
-                                       "lanes": count}
+                    links[(i, dst)] = {"src": i, "dst": dst, "alpha_us": NVLINK_ALPHA_US, "bw_GBps": g.link_GBps,
+                                       "lanes": count, "path_type": "NVL"}
                 nvl_neighbours[i].add(dst)
                 nvl_neighbours[dst].add(i)
-            # NVLinks to CPUs (POWER9) or devices outside the dump carry no GPU-to-GPU traffic: skipped.
         if on_switch:
-            switch_ports.append({"ranks": [i], "bw_GBps": on_switch * per_link})
+            switch_ports.append({"ranks": [i], "bw_GBps": on_switch * g.link_GBps})
     switched = [p["ranks"][0] for p in switch_ports]
     for a in switched:
         nvl_neighbours[a].update(b for b in switched if b != a)
@@ -312,7 +376,8 @@ def _node_parts(node: _Node) -> dict:
             if bw is None:
                 raise InputError(source, f"{a.where}", f"no PCIe link speed on the path to gpu[dev={b.dev}]; "
                                  "the dump must give link_speed and link_width")
-            links[(i, j)] = {"src": i, "dst": j, "alpha_us": PCIE_ALPHA_US, "bw_GBps": bw, "lanes": 1}
+            links[(i, j)] = {"src": i, "dst": j, "alpha_us": PCIE_ALPHA_US, "bw_GBps": bw, "lanes": 1,
+                             "path_type": _pcie_path_type(a.chain, b.chain)}
     return {"links": [links[k] for k in sorted(links)], "switch_ports": switch_ports,
             "nics": _assign_nics(node)}
 
@@ -334,35 +399,87 @@ def _components(neighbours: dict[int, set[int]]) -> dict[int, int]:
 
 
 def _assign_nics(node: _Node) -> list[dict]:
-    """Each GPU uses its nearest NIC in the PCIe tree; among equally near NICs the least used one."""
+    """NICs of one node (module docstring): GPUs sharing a nearest port are grouped with all their nearest
+    ports; each GPU of a group gets its own ports when there are enough, otherwise they share ports."""
     if not node.nets:
         return []
-    users: list[list[int]] = [[] for _ in node.nets]
-    for i, g in enumerate(node.gpus):
+    nearest = []
+    for g in node.gpus:
         dist = [_hops(g.chain, net.chain) for net in node.nets]
-        best = min(dist)
-        choice = min((k for k, d in enumerate(dist) if d == best), key=lambda k: (len(users[k]), k))
-        users[choice].append(i)
-    return [{"ranks": ranks, "bw_GBps": net.bw_GBps, "alpha_us": net.alpha_us}
-            for net, ranks in zip(node.nets, users) if ranks]
+        nearest.append({k for k, d in enumerate(dist) if d == min(dist)})
+    group_of = list(range(len(node.gpus)))   # union of GPUs whose nearest ports overlap
+    for i in range(len(node.gpus)):
+        for j in range(i):
+            if nearest[i] & nearest[j] and group_of[i] != group_of[j]:
+                old, new = group_of[i], group_of[j]
+                group_of = [new if x == old else x for x in group_of]
+    nics = []
+    for leader in sorted(set(group_of)):
+        gpus = [i for i in range(len(node.gpus)) if group_of[i] == leader]
+        ports = sorted(set().union(*(nearest[i] for i in gpus)))
+        if len(ports) >= len(gpus):
+            shares = [(gpus[k:k + 1], ports[k::len(gpus)]) for k in range(len(gpus))]
+        else:
+            shares = [(gpus[k::len(ports)], [port]) for k, port in enumerate(ports)]
+        for ranks, owned in shares:
+            nets = [node.nets[k] for k in owned]
+            types = [_pcie_path_type(node.gpus[r].chain, net.chain) for r in ranks for net in nets]
+            nics.append({"ranks": ranks, "bw_GBps": sum(n.bw_GBps for n in nets),
+                         "alpha_us": max(n.alpha_us for n in nets), "net_devs": [n.dev for n in nets],
+                         "path_type": max(types, key=PATH_TYPES.index)})
+    return sorted(nics, key=lambda nic: nic["ranks"])
+
+
+def _node_summary(node: _Node, part: dict) -> str:
+    archs = sorted({g.arch for g in node.gpus})
+    direct = len(part["links"])
+    ports = part["switch_ports"]
+    nics = part["nics"]
+    text = f"{Path(node.source).name}: {len(node.gpus)} GPUs ({', '.join(archs)})"
+    if ports:
+        bws = sorted({f"{p['bw_GBps']:g}" for p in ports})
+        text += f", NVSwitch ports of {'/'.join(bws)} GB/s"
+    if direct:
+        text += f", {direct} direct GPU links"
+    if nics:
+        bws = sorted({f"{n['bw_GBps']:g}" for n in nics})
+        text += f", {len(nics)} NIC(s) of {'/'.join(bws)} GB/s ({sum(len(n['net_devs']) for n in nics)} ports)"
+    else:
+        text += ", no NIC"
+    return text
+
+
+def _machine_difference(a: dict, b: dict) -> str | None:
+    """What differs between two nodes' parts (NCCL device numbers and bus ids may differ), or None."""
+    key = {"GPU links": lambda p: sorted((l["src"], l["dst"], l["bw_GBps"], l["lanes"]) for l in p["links"]),
+           "NVSwitch ports": lambda p: [(p_["ranks"], p_["bw_GBps"]) for p_ in p["switch_ports"]],
+           "NICs (local GPUs, GB/s)": lambda p: [(n["ranks"], n["bw_GBps"]) for n in p["nics"]]}
+    return next((what for what, f in key.items() if f(a) != f(b)), None)
 
 
 def import_nccl_dumps(paths: list, name: str | None = None) -> dict:
+    """The topology dict of :func:`read_nccl_dumps` (without its warnings and node summaries)."""
+    return read_nccl_dumps(paths, name).topology
+
+
+def read_nccl_dumps(paths: list, name: str | None = None) -> NcclImport:
     """Build a topology dict (our JSON format) from NCCL topology dumps, one file per node.
 
     Parameters
     ----------
     paths : list of str or Path
-        ``NCCL_TOPO_DUMP_FILE`` outputs, one per node, in node order.
+        ``NCCL_TOPO_DUMP_FILE`` outputs (NCCL ``version="1"`` or RCCL ``version="2"``), one per node, in node
+        order. They must describe the same machine.
     name : str, optional
         Topology name; defaults to the first file's stem (with ``xK`` for K nodes).
 
     Returns
     -------
-    dict
-        Ready for :func:`synth.model.topology.topology_from_dict`: ``ranks``, ``gpus_per_node``, ``links`` (NVLink
-        lanes at the generation's GB/s per link, PCIe paths in GB/s), ``switches`` (NVSwitch ports at
-        ``count x`` per-link GB/s; the network switch joining nodes) and ``nics`` (GB/s, alpha in us).
+    NcclImport
+        ``topology`` is ready for :func:`synth.model.topology.topology_from_dict`: ``ranks``, ``gpus_per_node``,
+        ``links`` (NVLink/xGMI lanes at the generation's GB/s per link, PCIe paths in GB/s), ``switches``
+        (NVSwitch ports at ``count x`` per-link GB/s; the network switch joining nodes) and ``nics`` (GB/s,
+        alpha in us, NCCL's ``net_devs``). ``warnings`` name what was left out; ``nodes`` summarise each dump.
 
     Examples
     --------
@@ -377,7 +494,7 @@ def import_nccl_dumps(paths: list, name: str | None = None) -> dict:
     ...     dump = Path(folder) / "pcie_2gpu.xml"
     ...     text = '<system version="1"><cpu numaid="0">' + gpu.format(0) + gpu.format(1) + "</cpu></system>"
     ...     _ = dump.write_text(text)
-    ...     raw = import_nccl_dumps([dump])
+    ...     raw = read_nccl_dumps([dump]).topology
     >>> raw["name"], topology_from_dict(raw).num_ranks
     ('pcie_2gpu', 2)
     >>> [(link["src"], link["dst"], link["bw_GBps"]) for link in raw["links"]]
@@ -395,8 +512,17 @@ def import_nccl_dumps(paths: list, name: str | None = None) -> dict:
     total = gpn * len(nodes)
     if total > MAX_RANKS:
         raise InputError(str(paths[-1]), "", f"{total} GPUs in all is more than the supported {MAX_RANKS}")
+    warnings: list[str] = []
+    parts = [_node_parts(node, warnings) for node in nodes]
+    summaries = tuple(f"node {k}: {_node_summary(node, part)}" for k, (node, part) in enumerate(zip(nodes, parts)))
+    for k, (node, part) in enumerate(zip(nodes[1:], parts[1:]), 1):
+        archs = [g.arch for g in node.gpus] != [g.arch for g in nodes[0].gpus]
+        diff = "GPU models" if archs else _machine_difference(parts[0], part)
+        if diff:
+            raise InputError(node.source, "", f"describes a different machine than {nodes[0].source} (their "
+                             f"{diff} differ: {summaries[k]} vs {summaries[0]}); one topology describes every "
+                             "node alike, so import dumps of the same machine type (one per node) only")
     base = name or paths[0].stem
-    parts = [_node_parts(node) for node in nodes]
     links, switches, net_ports = [], [], []
     for k, part in enumerate(parts):
         off = k * gpn
@@ -414,10 +540,8 @@ def import_nccl_dumps(paths: list, name: str | None = None) -> dict:
             raise InputError(missing[0], "nic", "has no network device, so the nodes cannot be joined")
         alpha = max(nic["alpha_us"] for part in parts for nic in part["nics"])
         switches.append({"name": "network", "alpha_us": alpha, "ports": net_ports})
-    gens = sorted({f"sm{g.sm}" for node in nodes for g in node.gpus})
-    desc = (f"imported from NCCL topology dump{'s' if len(nodes) > 1 else ''} "
-            f"{', '.join(p.name for p in paths[:4])}{' ...' if len(paths) > 4 else ''}: "
-            f"{len(nodes)} node(s) of {gpn} GPUs ({', '.join(gens)})")
+    desc = (f"imported from {len(nodes)} NCCL topology dump(s), {gpn} GPUs per node; "
+            + "; ".join(summaries) + (f"; {len(warnings)} warning(s) at import" if warnings else ""))
     out = {"format": FORMAT, "name": base if len(nodes) == 1 else f"{base}x{len(nodes)}", "description": desc,
            "ranks": total, "gpus_per_node": gpn, "links": links, "switches": switches, "nics": parts[0]["nics"]}
-    return out
+    return NcclImport(out, tuple(warnings), summaries)

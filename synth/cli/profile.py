@@ -16,31 +16,41 @@ def profile():
 
 @profile.command("fit")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--test", type=click.Choice(["auto", "sendrecv", "all_reduce"]), default="auto", show_default=True,
-              help="Which nccl-tests binary wrote the files (auto: from the output or the file name).")
+@click.option("--test", type=click.Choice(["auto", "sendrecv", "all_reduce", "all_gather", "reduce_scatter",
+                                           "alltoall"]), default="auto", show_default=True,
+              help="Which nccl-tests binary wrote the files (auto: from the output, the file name or the table).")
 @click.option("--ranks", type=click.IntRange(min=2), default=None,
-              help="Ranks of an all_reduce_perf run (default: counted from the '#  Rank' lines).")
+              help="Ranks of the run, checked against the table (default: the '#  Rank' lines or the table).")
 @click.option("--min-bytes", type=str, default=None, help="Ignore rows below this size (e.g. 64KB).")
 @click.option("--max-bytes", type=str, default=None, help="Ignore rows above this size (e.g. 1GB).")
 @click.option("--json", "as_json", is_flag=True, help="Print the fits as JSON on stdout.")
 def fit(files, test, ranks, min_bytes, max_bytes, as_json):
     """Fit alpha and bandwidth per link class, one class per nccl-tests output FILE (its name is the label).
 
-    sendrecv_perf is fitted to t = alpha + size/bw; all_reduce_perf on n ranks to NCCL's ring,
-    t = 2(n-1) alpha + 2(n-1)/n size/bw (bw of one ring link)."""
-    from backends.nccl.nccl_tests import fit_nccl_tests
+    Each table is fitted to t = steps x alpha + busbw_factor x size / bw with nccl-tests' bus-bandwidth factor
+    (sendrecv 1, all_reduce 2(n-1)/n, all_gather/reduce_scatter/alltoall (n-1)/n) and NCCL's latency steps
+    (sendrecv 1, all_reduce 2(n-1), all_gather/reduce_scatter n-1, alltoall 1); each fit reports which sizes
+    fed alpha and which the bandwidth, its residual, and warnings when it is implausible."""
+    from backends.nccl.nccl_tests import describe_fit, fit_nccl_tests
     from synth.units import parse_size
 
     fits = fit_nccl_tests(files, test=None if test == "auto" else test, num_ranks=ranks,
                           min_bytes=parse_size(min_bytes, "--min-bytes") if min_bytes else 0,
                           max_bytes=parse_size(max_bytes, "--max-bytes") if max_bytes else None)
+    for f in fits:
+        for warning in f.warnings:
+            echo_err(f"Warning: {f.label}: {warning}")
     if as_json:
         click.echo(json.dumps([f.to_dict() for f in fits], indent=1))
         return
     for f in fits:
         ranks_text = f", {f.num_ranks} ranks" if f.num_ranks else ""
-        click.echo(f"{f.label}: {f.test}{ranks_text}, {f.samples} samples: alpha {f.alpha_us:.3g} us, "
-                   f"bandwidth {f.bw_GBps:.4g} GB/s (relative RMS error {100 * f.rel_rms_error:.1f}%)")
+        nodes_text = f" on {f.num_nodes} nodes" if f.num_nodes and f.num_nodes > 1 else ""
+        what = "bus bandwidth" if f.num_nodes and f.num_nodes > 1 else "bandwidth"
+        click.echo(f"{f.label}: {f.test}{ranks_text}{nodes_text}, {f.samples} samples: alpha {f.alpha_us:.3g} us, "
+                   f"{what} {f.bw_GBps:.4g} GB/s (relative RMS error {100 * f.rel_rms_error:.1f}%)")
+        for line in describe_fit(f):
+            click.echo(line)
 
 
 @profile.command("run")

@@ -60,13 +60,15 @@ def show(topology, nodes, as_json):
 @click.option("--name", default=None, help="Topology name (default: the first dump's file name).")
 def import_nccl(dumps, output, name):
     """Import NCCL topology dumps (NCCL_TOPO_DUMP_FILE), one per node, as a topology JSON file."""
-    from backends.nccl.topo_import import import_nccl_dumps
+    from backends.nccl.topo_import import read_nccl_dumps
     from synth.model.topology import topology_from_dict
     from synth.fileio import write_atomic
     from synth.cli._common import echo_err
 
-    raw = import_nccl_dumps(list(dumps), name=name)
-    t = topology_from_dict(raw, dumps[0])
+    result = read_nccl_dumps(list(dumps), name=name)
+    t = topology_from_dict(result.topology, dumps[0])
+    for warning in result.warnings:
+        echo_err(f"Warning: {warning}")
     text = json.dumps(t.to_dict(), indent=1) + "\n"
     if output is None:
         click.echo(text, nl=False)
@@ -75,3 +77,5 @@ def import_nccl(dumps, output, name):
     direct = sum(1 for l in t.links if l.switch is None)
     echo_err(f"wrote {output}: {t.num_ranks} ranks, {t.num_nodes} node(s), {direct} direct links, "
              f"{len(t.switches)} switch(es), {len(t.nics)} NIC(s) per node")
+    for summary in result.nodes:
+        echo_err(f"  {summary}")

@@ -35,6 +35,7 @@ import numpy as np
 from synth.errors import InputError
 from synth.fileio import document_name
 from synth.model.symmetry import is_automorphism
+from synth.model.taccl import is_taccl_sketch, taccl_sketch_to_dict
 from synth.model.topology import Topology
 
 FORMAT = "synth-sketch/1"
@@ -190,60 +191,9 @@ def load_sketch(name_or_path: str | Path, topology: Topology) -> Sketch:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
-    if isinstance(raw, dict) and ("intranode_sketch" in raw or "internode_sketch" in raw
-                                  or "symmetry_offsets" in raw):
-        raw = taccl_sketch_to_dict(raw, source, topology)
+    if is_taccl_sketch(raw):
+        raw = taccl_sketch_to_dict(raw, source)
     return sketch_from_dict(raw, topology, source)
-
-
-def taccl_sketch_to_dict(raw: dict, source: str, topology: Topology) -> dict:
-    """Convert TACCL's sketch JSON into our format.
-
-    ``intranode_sketch.strategy`` none/minmax/maxmin allow every link, ``switch`` takes
-    ``switch_hyperedge_strategy[0]``; ``internode_sketch.internode_conn`` (an object, ``direct-map`` or
-    ``fully-connected``) gives the connections and ``gpus_to_sender_rev_map`` the relays; ``enforce_ordering``
-    means own chunks first; ``symmetry_offsets`` ``[[offset, group], ...]``; ``hyperparameters.input_chunkup``
-    the chunks per rank.
-    """
-    out: dict = {"format": FORMAT, "name": raw.get("name", Path(source).stem),
-                 "description": "converted from a TACCL sketch"}
-    if "nnodes" in raw:
-        out["nodes"] = raw["nnodes"]
-    intra = raw.get("intranode_sketch", {})
-    if not isinstance(intra, dict):
-        raise InputError(source, "intranode_sketch", "must be an object with a strategy")
-    strategy = intra.get("strategy", "none")
-    if strategy == "switch":
-        hyper = intra.get("switch_hyperedge_strategy", ["uc-max"])
-        if not isinstance(hyper, list) or not hyper:
-            raise InputError(source, "intranode_sketch.switch_hyperedge_strategy", "must be a list like [\"uc-max\"]")
-        out["switch"] = {"strategy": hyper[0]}
-    elif strategy not in ("none", "minmax", "maxmin"):
-        raise InputError(source, "intranode_sketch.strategy", f"unknown TACCL strategy {strategy!r}; use none, "
-                         "switch, minmax or maxmin")
-    inter = raw.get("internode_sketch")
-    if isinstance(inter, dict):
-        conn = inter.get("internode_conn", "fully-connected")
-        internode: dict = {"connections": "all" if conn == "fully-connected" else conn}
-        if "gpus_to_sender_rev_map" in inter:
-            internode["relays"] = inter["gpus_to_sender_rev_map"]
-        internode["own_chunks_first"] = bool(inter.get("enforce_ordering", False))
-        out["internode"] = internode
-    elif inter is not None:
-        raise InputError(source, "internode_sketch", "must be an object")
-    offsets = raw.get("symmetry_offsets", [])
-    if not isinstance(offsets, list):
-        raise InputError(source, "symmetry_offsets", "must be a list of [offset, group] pairs")
-    sym = []
-    for k, pair in enumerate(offsets):
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise InputError(source, f"symmetry_offsets[{k}]", "must be an [offset, group] pair")
-        sym.append({"offset": pair[0], "group": pair[1]})
-    out["symmetry"] = sym
-    hyper = raw.get("hyperparameters", {})
-    if isinstance(hyper, dict) and "input_chunkup" in hyper:
-        out["chunks_per_rank"] = hyper["input_chunkup"]
-    return out
 
 
 def _int(value, source: str, where: str, lo: int = 0, hi: int | None = None, what: str = "an integer") -> int:

@@ -24,9 +24,12 @@ import networkx as nx
 from synth.errors import InputError
 from synth.fileio import document_name
 from synth.model.symmetry import is_automorphism
+from synth.model.taccl import is_taccl_topology, taccl_topology_to_dict
 
 MAX_RANKS = 4096
 FORMAT = "synth-topology/1"
+# NCCL's path types between two GPUs, best first (NCCL's kvDictLinkType spelling).
+PATH_TYPES = ("NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,9 @@ class Link:
     """A directed connection ``src -> dst``.
 
     ``switch``/``egress_port``/``ingress_port`` are set for logical links through a switch: the transfer then
-    also uses those ports' bandwidth.
+    also uses those ports' bandwidth. ``path_type`` is NCCL's name for what the link is made of (``NVL``
+    NVLink/xGMI, ``PIX``/``PXB``/``PHB``/``SYS`` PCIe paths, see :data:`PATH_TYPES`) when known, e.g. from an
+    NCCL topology dump; empty means unknown (built-ins describe NVLink and NVSwitch).
     """
 
     src: int
@@ -45,6 +50,7 @@ class Link:
     switch: str | None = None
     egress_port: int | None = None
     ingress_port: int | None = None
+    path_type: str = ""
 
     @property
     def capacity_GBps(self) -> float:
@@ -72,11 +78,18 @@ class Switch:
 
 @dataclass(frozen=True)
 class Nic:
-    """A node's network interface: which local ranks use it, its bandwidth (GB/s) and latency (us)."""
+    """A node's network interface: which local ranks use it, its bandwidth (GB/s) and latency (us).
+
+    ``net_devs`` are NCCL's network device numbers (``<net dev>`` of a topology dump) of its ports and
+    ``path_type`` NCCL's path type from its GPUs to it (PIX, PXB, PHB, SYS), when the topology was imported
+    from a dump; NCCL graph files name NICs by the former and carry the latter as ``typeinter``.
+    """
 
     ranks: tuple[int, ...]
     bw_GBps: float
     alpha_us: float
+    net_devs: tuple[int, ...] = ()
+    path_type: str = ""
 
 
 @dataclass(frozen=True)
@@ -147,7 +160,8 @@ class Topology:
             "ranks": self.num_ranks,
             "gpus_per_node": self.gpus_per_node,
             "links": [
-                {"src": l.src, "dst": l.dst, "alpha_us": l.alpha_us, "bw_GBps": l.bw_GBps, "lanes": l.lanes}
+                dict({"src": l.src, "dst": l.dst, "alpha_us": l.alpha_us, "bw_GBps": l.bw_GBps, "lanes": l.lanes},
+                     **({"path_type": l.path_type} if l.path_type else {}))
                 for l in self.links if l.switch is None
             ],
             "switches": [
@@ -156,7 +170,9 @@ class Topology:
                            for p in s.ports]}
                 for s in self.switches
             ],
-            "nics": [{"ranks": list(n.ranks), "bw_GBps": n.bw_GBps, "alpha_us": n.alpha_us} for n in self.nics],
+            "nics": [dict({"ranks": list(n.ranks), "bw_GBps": n.bw_GBps, "alpha_us": n.alpha_us},
+                          **({"net_devs": list(n.net_devs)} if n.net_devs else {}),
+                          **({"path_type": n.path_type} if n.path_type else {})) for n in self.nics],
         }
         if self.symmetries:
             out["symmetries"] = [list(s) for s in self.symmetries]
@@ -229,11 +245,15 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
         alpha = _num(rl, "alpha_us", source, where, default=defaults.get("alpha_us"), positive=False)
         bw = _num(rl, "bw_GBps", source, where, default=defaults.get("bw_GBps"))
         lanes = _num(rl, "lanes", source, where, default=1, integer=True)
+        path_type = rl.get("path_type", "")
+        if path_type and path_type not in PATH_TYPES:
+            raise InputError(source, f"{where}.path_type", f"unknown path type {path_type!r}; NCCL's are "
+                             f"{', '.join(PATH_TYPES)}")
         pairs = [(src, dst), (dst, src)] if rl.get("bidirectional", False) else [(src, dst)]
         for a, b in pairs:
             if (a, b) in links:
                 raise InputError(source, where, f"link {a}->{b} is listed twice; use lanes for parallel links")
-            links[(a, b)] = Link(a, b, float(alpha), float(bw), int(lanes))
+            links[(a, b)] = Link(a, b, float(alpha), float(bw), int(lanes), path_type=path_type)
 
     switches = []
     for si, rs in enumerate(raw.get("switches", [])):
@@ -269,8 +289,17 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
         if not isinstance(rn, dict) or not isinstance(rn.get("ranks"), list):
             raise InputError(source, where, "must be an object with ranks, bw_GBps and alpha_us")
         ranks = tuple(_rank(r, gpn, source, f"{where}.ranks") for r in rn["ranks"])
+        devs = rn.get("net_devs", [])
+        if not isinstance(devs, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                                                 for d in devs):
+            raise InputError(source, f"{where}.net_devs", "must be a list of NCCL net device numbers (>= 0)")
+        path_type = rn.get("path_type", "")
+        if path_type and path_type not in PATH_TYPES:
+            raise InputError(source, f"{where}.path_type", f"unknown path type {path_type!r}; NCCL's are "
+                             f"{', '.join(PATH_TYPES)}")
         nics.append(Nic(ranks, float(_num(rn, "bw_GBps", source, where)),
-                        float(_num(rn, "alpha_us", source, where, default=1.0, positive=False))))
+                        float(_num(rn, "alpha_us", source, where, default=1.0, positive=False)), tuple(devs),
+                        path_type))
 
     symmetries = []
     for k, perm in enumerate(raw.get("symmetries", [])):
@@ -288,7 +317,7 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
 
 
 def load_topology_file(path: str | Path) -> Topology:
-    """Load a topology JSON file (our format; TACCL's format is recognised and converted)."""
+    """Load a topology JSON file (our format; TACCL's profiles are recognised and converted, see synth.model.taccl)."""
     path = Path(path)
     source = str(path)
     try:
@@ -299,37 +328,9 @@ def load_topology_file(path: str | Path) -> Topology:
         raw = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
-    if isinstance(raw, dict) and "links" in raw and isinstance(raw.get("links"), list) and raw["links"] \
-            and isinstance(raw["links"][0], list):
-        raw = taccl_to_dict(raw, source)
+    if is_taccl_topology(raw):
+        raw = taccl_topology_to_dict(raw, source)
     return topology_from_dict(raw, source)
-
-
-def taccl_to_dict(raw: dict, source: str) -> dict:
-    """Convert TACCL's topology format: ``links`` (lane-count matrix), ``alpha``/``betas`` (us, us/MB) matrices.
-
-    TACCL stores beta in microseconds per megabyte (1e6 bytes), so ``bw_GBps = 1e3 / beta``.
-    """
-    matrix = raw["links"]
-    n = len(matrix)
-    alpha = raw.get("alpha", raw.get("alphas"))
-    betas = raw.get("betas", raw.get("beta"))
-    out_links = []
-    for i in range(n):
-        if not isinstance(matrix[i], list) or len(matrix[i]) != n:
-            raise InputError(source, f"links[{i}]", f"must be a row of {n} lane counts")
-        for j in range(n):
-            lanes = matrix[i][j]
-            if i != j and lanes:
-                a = alpha[i][j] if isinstance(alpha, list) else (alpha if alpha is not None else 0.0)
-                b = betas[i][j] if isinstance(betas, list) else betas
-                if not b or b <= 0:
-                    raise InputError(source, f"betas[{i}][{j}]", "must be a positive us/MB value")
-                out_links.append({"src": i, "dst": j, "alpha_us": float(a), "bw_GBps": 1e3 / float(b),
-                                  "lanes": int(lanes)})
-    gpn = raw.get("gpus_per_node", n)
-    return {"format": FORMAT, "name": raw.get("name", Path(source).stem), "ranks": n, "gpus_per_node": gpn,
-            "links": out_links}
 
 
 # ----------------------------------------------------------------------------------------------- built-ins
@@ -370,11 +371,13 @@ def load_topology(name_or_path: str, nodes: int = 1) -> Topology:
     if path.suffix == ".json" or path.exists():
         topo = load_topology_file(path)
     else:
-        candidate = builtin_dir() / f"{name_or_path}.json"
+        # Names are case-insensitive: msccl-tools and TACCL spell them DGX1, DGX2, NDv2.
+        key = name_or_path.lower()
+        candidate = builtin_dir() / f"{key}.json"
         if candidate.is_file():
-            topo = topology_from_dict(json.loads(candidate.read_text()), f"topologies/{name_or_path}.json")
+            topo = topology_from_dict(json.loads(candidate.read_text()), f"topologies/{key}.json")
         else:
-            m = _FAMILY.match(name_or_path)
+            m = _FAMILY.match(key)
             if m and 2 <= int(m.group(2)) <= 1024:
                 topo = topology_from_dict(_family_dict(m.group(1), int(m.group(2))), name_or_path)
             else:
