@@ -70,3 +70,10 @@ def test_the_search_is_bounded_and_says_so():
     assert "declare the rest as symmetries in the topology file" in result.note
     topo = load_topology("dgx-a100", 2)
     assert all(_preserves(topo, g) for g in result.generators)
+
+
+def test_an_imported_dgx_h100_like_dump_solves_with_the_builtins_free_group():
+    from synth.model.symmetry import free_symmetry_group
+
+    imported = topology_from_dict(import_nccl_dumps([DUAL]), str(DUAL))
+    assert len(free_symmetry_group(imported)) == len(free_symmetry_group(load_topology("dgx-h100"))) == 8

@@ -60,3 +60,23 @@ def test_trivial_group_and_rank_orbits_of_generators():
 def test_rooted_collectives_have_no_free_symmetry():
     dgx1 = load_topology("dgx1")
     assert symmetry_for_collective(dgx1, make_collective("broadcast", 8, 1, root=0)).order == 1
+
+
+def test_undeclared_symmetry_is_found_exactly_and_acts_freely():
+    """A topology that declares no symmetries (an imported dump, a user file) gets a free group from the exact
+    automorphism search: as large as the built-in's declared one, and never mapping a rank to itself."""
+    from synth.model.topology import topology_from_dict
+
+    for name in ("dgx1", "dgx-h100", "ring-8", "ndv2-2node-tecc"):
+        declared = load_topology(name)
+        raw = declared.to_dict()
+        raw.pop("symmetries", None)
+        found = free_symmetry_group(topology_from_dict(raw, f"{name}-undeclared"))
+        assert len(found) == len(free_symmetry_group(declared)), name
+        assert is_group(found) and all(is_automorphism(declared, g) for g in found)
+        assert all(g == tuple(range(len(g))) or all(g[r] != r for r in range(len(g))) for g in found)
+
+
+def test_composed_nodes_declare_node_rotation_times_the_node_group():
+    assert len(free_symmetry_group(load_topology("dgx-h100", 2))) == 16     # node swap x 8-fold NVSwitch rotation
+    assert len(free_symmetry_group(load_topology("ndv2", 2))) == 8          # node swap x DGX-1's 4

@@ -24,7 +24,9 @@ and orbit representatives of chunks, ranks, links and switch ports) and the func
 
 from __future__ import annotations
 
-import itertools
+import functools
+import math
+import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Mapping, Sequence
 
@@ -78,39 +80,81 @@ def is_group(perms: Sequence[Permutation]) -> bool:
     return all(tuple(b[a[i]] for i in range(n)) in members for a in perms for b in perms)
 
 
-def free_symmetry_group(topo: Topology, max_search: int = 2000) -> list[Permutation]:
+def free_symmetry_group(topo: Topology) -> list[Permutation]:
     """A group of rank permutations that preserve the topology and act freely (no fixed rank but identity).
 
-    Declared ``symmetries`` are used when present; otherwise automorphisms are searched with networkx
-    (for up to 16 ranks). A freely acting group lets the solver keep one representative per orbit of chunks.
-    The group is sorted, so the identity comes first.
+    Declared ``symmetries`` are used when present (built-ins and composed machines declare theirs by
+    construction); otherwise the automorphisms come from :func:`synth.model.automorphisms.rank_automorphisms`
+    (exact: links, switch ports, NICs and nodes), and a freely acting subgroup is picked from them, longest
+    cycles first (an n-cycle generates a regular group, the most a free group can be). A freely acting group
+    lets the solver keep one representative per orbit of chunks. The group is sorted, so the identity comes
+    first.
 
     >>> from synth.model.topology import load_topology
     >>> len(free_symmetry_group(load_topology("ring-4")))
     4
+    >>> len(free_symmetry_group(load_topology("fully-connected-8")))
+    8
     """
-    import networkx as nx
-
     n = topo.num_ranks
     identity = tuple(range(n))
-    candidates = list(topo.symmetries)
-    if not candidates and n <= 16:
-        g = nx.DiGraph()
-        g.add_nodes_from(range(n))
-        for link in topo.links:
-            g.add_edge(link.src, link.dst, key=(link.lanes, link.bw_GBps, link.alpha_us))
-        matcher = nx.algorithms.isomorphism.DiGraphMatcher(
-            g, g, edge_match=lambda a, b: a["key"] == b["key"])
-        for mapping in itertools.islice(matcher.isomorphisms_iter(), max_search):
-            candidates.append(tuple(mapping[i] for i in range(n)))
+    candidates = list(topo.symmetries) if topo.symmetries else _free_elements(_automorphism_generators(topo), n)
     group = [identity]
+    members = set(group)
     for cand in candidates:
-        if cand in group or any(cand[i] == i for i in range(n)):
+        if len(group) == n:
+            break               # a free group acts regularly at most: no larger one exists
+        if cand in members or any(cand[i] == i for i in range(n)):
             continue
-        closed = group_closure([g for g in group if g != identity] + [cand])
+        closed = group_closure([g for g in group if g != identity] + [cand], limit=n)
         if closed and all(g == identity or all(g[i] != i for i in range(n)) for g in closed):
-            group = closed
+            group, members = closed, set(closed)
     return group
+
+
+@functools.lru_cache(maxsize=32)
+def _automorphism_generators(topo: Topology) -> tuple[Permutation, ...]:
+    """Generators of the topology's automorphism group (searched once per topology; the search is bounded)."""
+    from synth.model.automorphisms import rank_automorphisms
+
+    return rank_automorphisms(topo).generators
+
+
+# Group elements sampled (deterministically) when looking for fixed-point-free automorphisms.
+_SAMPLED_ELEMENTS = 2000
+
+
+def _free_elements(generators: Sequence[Permutation], n: int) -> list[Permutation]:
+    """Fixed-point-free elements of the group the generators generate, sampled by seeded random words, ordered
+    by decreasing order (longest cycles first), then lexicographically."""
+    if not generators:
+        return []
+    rng = random.Random(0)
+    gens = [np.asarray(g) for g in generators]
+    seen: set[Permutation] = set()
+    current = np.arange(n)
+    for _ in range(_SAMPLED_ELEMENTS):
+        current = gens[rng.randrange(len(gens))][current]
+        if rng.random() < 0.1:
+            current = np.arange(n)
+        seen.add(tuple(int(x) for x in current))
+    free = [p for p in seen if all(p[i] != i for i in range(n))]
+    return sorted(free, key=lambda p: (-_element_order(p), p))
+
+
+def _element_order(perm: Permutation) -> int:
+    """The order of a permutation: the lcm of its cycle lengths."""
+    seen = [False] * len(perm)
+    order = 1
+    for start in range(len(perm)):
+        length, x = 0, start
+        while not seen[x]:
+            seen[x] = True
+            x = perm[x]
+            length += 1
+        if length:
+            order = math.lcm(order, length)
+    return order
 
 
 def rank_orbit_reps(num_ranks: int, generators: Sequence[Sequence[int]]) -> tuple[int, ...]:

@@ -389,8 +389,25 @@ def load_topology(name_or_path: str, nodes: int = 1) -> Topology:
     return topo
 
 
+def _nic_preserving(topo: Topology) -> list[tuple[int, ...]]:
+    """The node's declared symmetries that map every NIC's ranks onto a NIC's ranks with the same bandwidth and
+    latency: applied in every node at once, they stay symmetries of the composed machine."""
+    nics = {(frozenset(nic.ranks), nic.bw_GBps, nic.alpha_us) for nic in topo.nics}
+    return [perm for perm in topo.symmetries
+            if {(frozenset(perm[r] for r in ranks), bw, alpha) for ranks, bw, alpha in nics} == nics]
+
+
 def compose_nodes(topo: Topology, nodes: int) -> Topology:
-    """``nodes`` copies of a single-node topology joined through their NICs by one network switch."""
+    """``nodes`` copies of a single-node topology joined through their NICs by one network switch.
+
+    Its symmetries are known by construction: rotating the nodes, and the node's own symmetries (those that
+    respect its NICs) applied in every node at once; together they generate a freely acting group of order
+    ``nodes x |node group|``.
+
+    >>> from synth.model.symmetry import free_symmetry_group
+    >>> len(free_symmetry_group(compose_nodes(load_topology("dgx-h100"), 2)))
+    16
+    """
     if nodes < 1:
         raise InputError("--nodes", "", "must be at least 1")
     if nodes == 1:
@@ -418,6 +435,7 @@ def compose_nodes(topo: Topology, nodes: int) -> Topology:
     alpha = max(nic.alpha_us for nic in topo.nics)
     switches.append({"name": "network", "alpha_us": alpha, "ports": ports})
     sym = [[(r + k * n) % (n * nodes) for r in range(n * nodes)] for k in range(1, nodes)]
+    sym += [[perm[r % n] + (r // n) * n for r in range(n * nodes)] for perm in _nic_preserving(topo)]
     out = {"format": FORMAT, "name": f"{topo.name}x{nodes}", "ranks": n * nodes, "gpus_per_node": n,
            "description": f"{nodes} x {topo.name} joined by a network switch through their NICs",
            "links": links, "switches": switches, "nics": raw["nics"], "symmetries": sym}

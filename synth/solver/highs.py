@@ -124,8 +124,17 @@ class RowBuilder:
 
 
 def _to_csr(model: Model):
+    """Row-wise CSR arrays of the COO triplets; repeated (row, col) entries are summed (COO's meaning), since
+    HiGHS rejects duplicates and symmetric models may add one column to a row through two group elements."""
     order = np.lexsort((model.cols, model.rows))
     rows, cols, vals = model.rows[order], model.cols[order], model.vals[order]
+    if len(rows) > 1:
+        new = np.ones(len(rows), dtype=bool)
+        new[1:] = (rows[1:] != rows[:-1]) | (cols[1:] != cols[:-1])
+        if not new.all():
+            group = np.cumsum(new) - 1
+            vals = np.bincount(group, weights=vals)
+            rows, cols = rows[new], cols[new]
     start = np.zeros(model.num_rows + 1, dtype=np.int32)
     np.cumsum(np.bincount(rows, minlength=model.num_rows), out=start[1:])
     return start, cols.astype(np.int32), vals
