@@ -25,7 +25,6 @@ Every problem raises :class:`synth.errors.InputError` naming the file, the field
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -33,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from synth.errors import InputError
-from synth.fileio import document_name
+from synth.fileio import document_name, parse_json, read_json
 from synth.model.symmetry import is_automorphism
 from synth.model.taccl import is_taccl_sketch, taccl_sketch_to_dict
 from synth.model.topology import Topology
@@ -173,12 +172,7 @@ def load_sketch(name_or_path: str | Path, topology: Topology) -> Sketch:
     path = Path(name_or_path)
     if path.suffix == ".json" or path.exists():
         source = str(path)
-        try:
-            if path.stat().st_size > MAX_SKETCH_BYTES:
-                raise InputError(source, "", f"file is larger than {MAX_SKETCH_BYTES} bytes; a sketch is small")
-            text = path.read_text()
-        except OSError as exc:
-            raise InputError(source, "", f"cannot read file ({exc.strerror})") from None
+        raw = read_json(path, "sketch", max_bytes=MAX_SKETCH_BYTES)
     else:
         candidate = resources.files("synth.sketches") / f"{name_or_path}.json"
         if not candidate.is_file():
@@ -186,11 +180,7 @@ def load_sketch(name_or_path: str | Path, topology: Topology) -> Sketch:
             raise InputError("--sketch", "", f"unknown sketch {str(name_or_path)!r}; use a JSON file path or one "
                              f"of: {known}")
         source = f"sketches/{name_or_path}.json"
-        text = candidate.read_text()
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
+        raw = parse_json(candidate.read_bytes(), source, "sketch")
     if is_taccl_sketch(raw):
         raw = taccl_sketch_to_dict(raw, source)
     return sketch_from_dict(raw, topology, source)

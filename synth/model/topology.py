@@ -13,7 +13,6 @@ Built-in topologies are JSON files under ``topologies/`` and go through the same
 from __future__ import annotations
 
 import itertools
-import json
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -22,7 +21,7 @@ from pathlib import Path
 import networkx as nx
 
 from synth.errors import InputError
-from synth.fileio import document_name
+from synth.fileio import document_name, parse_json, read_json
 from synth.model.symmetry import is_automorphism
 from synth.model.taccl import is_taccl_topology, taccl_topology_to_dict
 
@@ -318,16 +317,8 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
 
 def load_topology_file(path: str | Path) -> Topology:
     """Load a topology JSON file (our format; TACCL's profiles are recognised and converted, see synth.model.taccl)."""
-    path = Path(path)
     source = str(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError(source, "", f"cannot read file ({exc.strerror})") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise InputError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
+    raw = read_json(path, "topology")
     if is_taccl_topology(raw):
         raw = taccl_topology_to_dict(raw, source)
     return topology_from_dict(raw, source)
@@ -375,7 +366,8 @@ def load_topology(name_or_path: str, nodes: int = 1) -> Topology:
         key = name_or_path.lower()
         candidate = builtin_dir() / f"{key}.json"
         if candidate.is_file():
-            topo = topology_from_dict(json.loads(candidate.read_text()), f"topologies/{key}.json")
+            topo = topology_from_dict(parse_json(candidate.read_bytes(), f"topologies/{key}.json"),
+                                      f"topologies/{key}.json")
         else:
             m = _FAMILY.match(key)
             if m and 2 <= int(m.group(2)) <= 1024:
