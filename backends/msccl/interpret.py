@@ -69,7 +69,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from backends.msccl import conventions
 from backends.msccl.ir import STEP_TYPES, MscclProgram, Step
+from backends.msccl.limits import MAX_CNT
 
 from synth.model.collectives import ROOTED, Collective, make_collective, normalize_name
 from synth.errors import InputError
@@ -301,7 +303,9 @@ def make_layout(program: MscclProgram, collective: Collective | None, inplace: b
         if not inplace:
             offset, i_size, o_size = (0, 0), declared[0], declared[1]
         elif collective is not None:
-            offset = collective.inplace_offsets[rank]
+            loop = conventions.nchunksperloop(collective.name, collective.input_chunks, collective.num_ranks)
+            offset = tuple(int(o) for o in conventions.inplace_offsets(collective.name, rank, loop,
+                                                                        collective.num_ranks))
             i_size, o_size = collective.input_chunks, collective.output_chunks
         else:
             offset, i_size = (0, 0), max(declared[0], declared[1])
@@ -784,7 +788,7 @@ class _Machine:
         cnt = max(step.cnt, 0)
         ref = (tb.gpu, tb.id, k)
         if step.cnt < 1:
-            self.findings.append(Finding("count", f"cnt {step.cnt} moves no chunk; cnt must be 1..71", gpu=tb.gpu,
+            self.findings.append(Finding("count", f"cnt {step.cnt} moves no chunk; cnt must be 1..{MAX_CNT}", gpu=tb.gpu,
                                          tb=tb.id, step=k, line=step.line))
         if rec:
             value = self._received(msg, cnt, ref, step)

@@ -25,15 +25,8 @@ PROTOCOLS = ("Simple", "LL", "LL128")
 # Spelling of the reduce-scatter collective per runtime target.
 COLL_SPELLING = {"executor": "reducescatter", "legacy": "reduce_scatter"}
 
-# Runtime limits (DESIGN section 7).
-MAX_STEPS_EXECUTOR = 64
-MAX_STEPS_LEGACY = 256
-MAX_CNT = 71
-MAX_CHANNELS = 32
-MAX_TBS_PER_CHANNEL_DIRECTION = 32
-MAX_DEPID = 127
+# Longest attribute value the runtimes' lexers read (DESIGN section 7); the other limits: backends.msccl.limits.
 MAX_ATTR_LEN = 254
-INT16_MAX = 32767
 
 
 @dataclass(frozen=True)

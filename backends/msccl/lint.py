@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import replace
-from fractions import Fraction
 from math import gcd
 
-from backends.msccl.ir import (BUFFERS, COLL_SPELLING, INT16_MAX, MAX_ATTR_LEN, MAX_CHANNELS, MAX_CNT, MAX_DEPID,
-                               MAX_STEPS_EXECUTOR, MAX_STEPS_LEGACY, MAX_TBS_PER_CHANNEL_DIRECTION, PROTOCOLS,
-                               STEP_TYPES, Gpu, MscclProgram, Step, Threadblock)
+from backends.msccl import conventions
+from backends.msccl.ir import COLL_SPELLING, MAX_ATTR_LEN, PROTOCOLS, STEP_TYPES, Gpu, MscclProgram, Step, Threadblock
+from backends.msccl.limits import (MAX_DEPID, buffer_findings, buffer_limits, connection_findings, nchannels_findings,
+                                   step_limit_findings, tb_limit_findings)
 
 from synth.errors import InputError
 from backends.msccl.findings import RUNTIMES, Finding
@@ -46,17 +46,7 @@ TYPICAL_MIN_SMS = 80              # V100; all tbs of a GPU must be co-resident, 
 # interpreter would have to guess (missing GPUs, peers that do not exist, dependencies on nothing).
 STRUCTURAL_KINDS = frozenset({"gpu-ids", "tb-ids", "tb-peer", "dependency", "step-buffer", "channel"})
 
-# Collectives whose buffers hold ngpus x count elements (DESIGN section 7: the chunk-size multiplier).
-_MULTIPLIER_IS_NGPUS = ("allgather", "reducescatter", "alltoall")
-# count x (input multiplier, output multiplier) elements per rank, by collective (nccl-tests' conventions);
-# gather/scatter are left out: their buffer layout in MSCCL is not pinned down, so only declared sizes count.
-_BUFFER_MULTIPLIERS = {"allgather": (1, "n"), "reducescatter": ("n", 1), "alltoall": ("n", "n"),
-                       "allreduce": (1, 1), "broadcast": (1, 1), "reduce": (1, 1)}
 _COLLS = ("allgather", "allreduce", "alltoall", "broadcast", "reduce", "gather", "scatter")
-
-# Which of a step's buffer references the executing GPU touches locally, by step type.
-_READS_SRC = {"s", "rrs", "rrc", "rrcs", "cpy", "re"}
-_WRITES_DST = {"r", "rcs", "rrc", "rrcs", "cpy", "re"}
 
 
 def lint_program(program: MscclProgram, target: str = "both", *, cap: bool = True) -> list[Finding]:
@@ -154,8 +144,7 @@ def _algo_values(p: MscclProgram) -> list[Finding]:
     if p.proto not in PROTOCOLS:
         out.append(Finding("proto", f"proto {p.proto!r} is not one of {', '.join(PROTOCOLS)}", line=p.line))
     out.extend(_coll_spelling(p))
-    if not 1 <= p.nchannels <= MAX_CHANNELS:
-        out.append(Finding("channel", f"nchannels={p.nchannels} is outside 1..{MAX_CHANNELS}", line=p.line))
+    out.extend(nchannels_findings(p))
     for name, value in (("inplace", p.inplace), ("outofplace", p.outofplace)):
         if value not in (None, 0, 1):
             out.append(Finding("algo-attributes", f"{name}={value} should be 0 or 1", "warning", line=p.line))
@@ -178,11 +167,6 @@ def _coll_spelling(p: MscclProgram) -> list[Finding]:
     return []
 
 
-def _multiplier(p: MscclProgram) -> int:
-    """DESIGN section 7: chunk size S = count * multiplier / nchunksperloop."""
-    return p.ngpus if p.collective in _MULTIPLIER_IS_NGPUS else 1
-
-
 def _selection(p: MscclProgram) -> list[Finding]:
     """Warn when NCCL would silently fall back: the algorithm runs only if count*multiplier % nchunksperloop == 0.
 
@@ -191,10 +175,11 @@ def _selection(p: MscclProgram) -> list[Finding]:
     """
     if p.nchunksperloop < 1:
         return [Finding("selection", f"nchunksperloop={p.nchunksperloop} must be at least 1", line=p.line)]
-    g = p.nchunksperloop // gcd(p.nchunksperloop, _multiplier(p))
+    multiplier = conventions.multiplier(p.collective, p.ngpus)
+    g = p.nchunksperloop // gcd(p.nchunksperloop, multiplier)
     if g & (g - 1) == 0:
         return []
-    return [Finding("selection", f"the algorithm only runs when count*{_multiplier(p)} % nchunksperloop="
+    return [Finding("selection", f"the algorithm only runs when count*{multiplier} % nchunksperloop="
                     f"{p.nchunksperloop} == 0, i.e. when the element count is a multiple of {g}; power-of-two "
                     "sizes never are, and NCCL then silently uses its own algorithm", "warning", line=p.line)]
 
@@ -220,18 +205,20 @@ def _gpu_ids(p: MscclProgram) -> list[Finding]:
 # --- gpu-, tb- and step-level rules -----------------------------------------------------------------------
 
 def _gpu_findings(p: MscclProgram, gpu: Gpu) -> list[Finding]:
-    out = _tb_ids(gpu) + _connections(gpu)
+    out = _tb_ids(gpu) + connection_findings(gpu)
     if len(gpu.tbs) > TYPICAL_MIN_SMS:
         out.append(Finding("tb-count", f"{len(gpu.tbs)} threadblocks; all must be co-resident (one per SM) and "
                            f"some GPUs have only {TYPICAL_MIN_SMS} SMs", "warning", gpu=gpu.id, line=gpu.line))
     tbs_by_id = {tb.id: tb for tb in gpu.tbs}
-    limits = _buffer_limits(p, gpu)
+    limits = buffer_limits(p, gpu)
     for tb in gpu.tbs:
         out.extend(_tb_findings(p, gpu, tb))
+        out.extend(tb_limit_findings(p, gpu, tb))
         for index, step in enumerate(tb.steps):
             where = {"gpu": gpu.id, "tb": tb.id, "step": index, "line": step.line}
             out.extend(_step_findings(tb, index, step, where))
-            out.extend(_buffer_findings(step, limits, where))
+            out.extend(step_limit_findings(step, where))
+            out.extend(buffer_findings(step, limits, where))
             out.extend(_dependency_findings(tbs_by_id, step, where))
     return out
 
@@ -249,49 +236,14 @@ def _tb_ids(gpu: Gpu) -> list[Finding]:
     return out
 
 
-def _connections(gpu: Gpu) -> list[Finding]:
-    """One tb per (peer, channel, direction); at most 32 sending and 32 receiving tbs per channel."""
-    out = []
-    owner: dict[tuple[int, int, str], int] = {}
-    per_channel: Counter = Counter()
-    for tb in gpu.tbs:
-        for direction, peer in (("send", tb.send), ("recv", tb.recv)):
-            if peer < 0:
-                continue
-            per_channel[(tb.chan, direction)] += 1
-            key = (peer, tb.chan, direction)
-            if key in owner:
-                out.append(Finding("tb-connection", f"tbs {owner[key]} and {tb.id} both {direction} "
-                                   f"{'to' if direction == 'send' else 'from'} gpu {peer} on channel {tb.chan}; "
-                                   "at most one tb per (peer, channel, direction)", gpu=gpu.id, tb=tb.id,
-                                   line=tb.line))
-            else:
-                owner[key] = tb.id
-    for (chan, direction), count in sorted(per_channel.items()):
-        if count > MAX_TBS_PER_CHANNEL_DIRECTION:
-            out.append(Finding("tb-connection", f"{count} tbs {direction} on channel {chan}; at most "
-                               f"{MAX_TBS_PER_CHANNEL_DIRECTION}", gpu=gpu.id, line=gpu.line))
-    return out
-
-
 def _tb_findings(p: MscclProgram, gpu: Gpu, tb: Threadblock) -> list[Finding]:
-    """Peers, channel and step count of one threadblock."""
+    """Peers of one threadblock (its channel and step count are limits: :mod:`backends.msccl.limits`)."""
     out = []
     where = {"gpu": gpu.id, "tb": tb.id, "line": tb.line}
     for name, peer in (("send", tb.send), ("recv", tb.recv)):
         if peer != -1 and (peer == gpu.id or not 0 <= peer < p.ngpus):
             why = "itself" if peer == gpu.id else f"not a rank (0..{p.ngpus - 1})"
             out.append(Finding("tb-peer", f"{name}={peer} is {why}; use -1 or another rank", **where))
-    if not 0 <= tb.chan < p.nchannels:
-        out.append(Finding("channel", f"chan={tb.chan} is outside 0..{p.nchannels - 1} (nchannels={p.nchannels})",
-                           **where))
-    n = len(tb.steps)
-    if n > MAX_STEPS_LEGACY:
-        out.append(Finding("steps-per-tb", f"{n} steps; both runtimes allow at most {MAX_STEPS_LEGACY} per tb",
-                           **where))
-    elif n > MAX_STEPS_EXECUTOR:
-        out.append(Finding("steps-per-tb", f"{n} steps; the executor's default build allows {MAX_STEPS_EXECUTOR} "
-                           f"per tb (legacy and a rebuilt executor {MAX_STEPS_LEGACY})", runtimes=EXECUTOR, **where))
     return out
 
 
@@ -309,8 +261,6 @@ def _step_findings(tb: Threadblock, index: int, step: Step, where: dict) -> list
         out.append(Finding("tb-direction", f"'{step.type}' receives but the tb has recv=-1", **where))
     if step.type == "nop":
         out.extend(_nop_findings(tb, index, where))
-    elif not 1 <= step.cnt <= MAX_CNT:
-        out.append(Finding("step-cnt", f"cnt={step.cnt} is outside 1..{MAX_CNT}", **where))
     if step.hasdep not in (0, 1):
         out.append(Finding("dependency", f"hasdep={step.hasdep} should be 0 or 1", "warning", **where))
     return out
@@ -328,64 +278,6 @@ def _nop_findings(tb: Threadblock, index: int, where: dict) -> list[Finding]:
     return []
 
 
-def _buffer_limits(p: MscclProgram, gpu: Gpu) -> dict:
-    """Per buffer: (declared chunks, real chunks or None, offset added, aliased) for the range check.
-
-    Real chunks follow from the collective (nchunksperloop x the buffer's element multiplier / multiplier).
-    In-place, ``i`` and ``o`` are one buffer; allgather's input sits at rank x its size inside it, and
-    reducescatter's output at rank x its size.
-    """
-    real = _real_chunks(p)
-    limits = {"i": (gpu.i_chunks, real[0], 0, False), "o": (gpu.o_chunks, real[1], 0, False),
-              "s": (gpu.s_chunks, None, 0, False)}
-    if p.inplace != 1:
-        return limits
-    unified_declared = max(gpu.i_chunks, gpu.o_chunks)
-    unified_real = None if real[0] is None else max(real)
-    shift_i = real[0] * gpu.id if p.collective == "allgather" and real[0] is not None else 0
-    shift_o = real[1] * gpu.id if p.collective == "reducescatter" and real[1] is not None else 0
-    limits["i"] = (unified_declared, unified_real, shift_i, True)
-    limits["o"] = (unified_declared, unified_real, shift_o, True)
-    return limits
-
-
-def _real_chunks(p: MscclProgram) -> tuple:
-    """(input, output) buffer sizes in chunks implied by nchunksperloop, or (None, None) when unknown."""
-    factors = _BUFFER_MULTIPLIERS.get(p.collective)
-    if factors is None or p.nchunksperloop < 1:
-        return (None, None)
-    sizes = [Fraction(p.nchunksperloop * (p.ngpus if f == "n" else f), _multiplier(p)) for f in factors]
-    return tuple(sizes)
-
-
-def _buffer_findings(step: Step, limits: dict, where: dict) -> list[Finding]:
-    """Offsets are >= 0 and fit int16; offset+cnt stays inside the buffer the GPU touches."""
-    if step.type == "nop" or step.type not in STEP_TYPES:
-        return []
-    out = []
-    for role, buf, off in (("src", step.srcbuf, step.srcoff), ("dst", step.dstbuf, step.dstoff)):
-        if not 0 <= off <= INT16_MAX:
-            out.append(Finding("step-buffer", f"{role}off={off} is outside 0..{INT16_MAX} (int16)", **where))
-            continue
-        local = step.type in (_READS_SRC if role == "src" else _WRITES_DST)
-        if not local or buf not in BUFFERS:
-            continue
-        declared, real, shift, aliased = limits[buf]
-        end = shift + off + step.cnt
-        if end > declared:
-            size = (f"the in-place buffer of {declared} chunks ({buf} starts at chunk {shift})" if aliased
-                    else f"{buf}_chunks={declared}")
-            out.append(Finding("step-buffer", f"{role} {buf}[{off}:{off + step.cnt}] is beyond {size}", **where))
-        elif real is not None and end > real:
-            out.append(Finding("step-buffer", f"{role} {buf}[{off}:{off + step.cnt}] is beyond the real buffer "
-                               f"({_show_chunks(real)} chunks for this collective and nchunksperloop)", **where))
-    return out
-
-
-def _show_chunks(value: Fraction) -> str:
-    return str(value.numerator) if value.denominator == 1 else f"{float(value):.3g}"
-
-
 def _dependency_findings(tbs_by_id: dict, step: Step, where: dict) -> list[Finding]:
     """depid/deps name an existing tb and step on this GPU whose progress is actually signalled.
 
@@ -397,7 +289,7 @@ def _dependency_findings(tbs_by_id: dict, step: Step, where: dict) -> list[Findi
             return [Finding("dependency", f"deps={step.deps} without depid is ignored", "warning", **where)]
         return []
     if not 0 <= step.depid <= MAX_DEPID:
-        return [Finding("dependency", f"depid={step.depid} is outside -1 or 0..{MAX_DEPID}", **where)]
+        return []   # a limit (backends.msccl.limits)
     target = tbs_by_id.get(step.depid)
     if target is None:
         return [Finding("dependency", f"depid={step.depid} names no tb on this gpu", **where)]

@@ -1,8 +1,8 @@
 """The algorithm bundle: one executed MSCCL XML per size range, a README, and the frontier document.
 
 :func:`plan_bundle` picks the fastest algorithm per size (:mod:`synth.sweep.sizes`), tiles the size range and
-lowers each range's algorithm to MSCCL XML through :func:`backends.msccl.writer.emit_verified_xml` (lowered, checked against
-the runtime limits, executed on exact data, timed). An algorithm that cannot be emitted is excluded (with the
+lowers each range's algorithm to MSCCL XML through :func:`backends.msccl.writer.emit_verified_xml` (lowered with
+the topology, read back and judged as ``synth check`` judges a file, timed). An algorithm that cannot be emitted is excluded (with the
 reason) and the choice is made again without it, so every file in the bundle has been executed.
 
 Layout of an output directory (written by :func:`write_bundle`; every file atomically)::
@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable
 
+from backends.msccl.writer import emit_verified_xml
 from synth import __version__
 from synth.errors import BackendError, VerificationError
 from synth.fileio import write_atomic
@@ -63,20 +64,6 @@ class BundlePlan:
     excluded: tuple[tuple[str, str], ...]
 
 
-def _emit(schedule: Schedule, topology: Topology, size_bytes: int, target: str, proto: str, name: str,
-          min_bytes: int, max_bytes: int) -> tuple[str, bool]:
-    """XML text (and whether the fused lowering won), executed when :mod:`backends.msccl.writer` is available."""
-    lower = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
-    try:
-        from backends.msccl.writer import emit_verified_xml
-    except ImportError:
-        from backends.msccl.lowering import schedule_to_msccl_xml
-
-        return schedule_to_msccl_xml(schedule, target=target, **lower), True
-    emitted = emit_verified_xml(schedule, target, topology, size_bytes, **lower)
-    return emitted.text, emitted.fused
-
-
 def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tuple[int, ...], low: int, high: int,
                 target: str = "executor", proto: str = "Simple",
                 limit_us: Callable[[int], float | None] = lambda size: None) -> BundlePlan:
@@ -95,12 +82,13 @@ def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tupl
             name = f"synth-{coll.name}-{r.key}-{r.min_bytes}-{r.max_bytes}"
             at = min(max(r.min_bytes, min(sizes)), r.max_bytes)
             try:
-                text, fused = _emit(alg.schedule, topology, at, target, proto, name, r.min_bytes, r.max_bytes)
+                emitted = emit_verified_xml(alg.schedule, topology, target, at, proto=proto, name=name,
+                                            min_bytes=r.min_bytes, max_bytes=r.max_bytes)
             except (BackendError, VerificationError) as exc:
                 failed = (r.key, str(exc))
                 break
-            files.append(BundleFile(f"{i:02d}-{coll.name}-{r.key}.xml", r.key, r.min_bytes, r.max_bytes, text,
-                                    fused))
+            files.append(BundleFile(f"{i:02d}-{coll.name}-{r.key}.xml", r.key, r.min_bytes, r.max_bytes,
+                                    emitted.text, emitted.fused))
         if failed is None:
             return BundlePlan(choices, ranges, tuple(files), tuple(sorted(excluded.items())))
         excluded[failed[0]] = failed[1]
