@@ -25,6 +25,9 @@ PROTOCOLS = ("Simple", "LL", "LL128")
 # Spelling of the reduce-scatter collective per runtime target.
 COLL_SPELLING = {"executor": "reducescatter", "legacy": "reduce_scatter"}
 
+# Characters an algorithm name written by synth may hold: no quote, angle bracket, ampersand or line break can
+# reach the runtimes' lexers, which decode no XML escapes (see :func:`safe_name`).
+NAME_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.,:=+()")
 # Longest attribute value the runtimes' lexers read (DESIGN section 7); the other limits: backends.msccl.limits.
 MAX_ATTR_LEN = 254
 
@@ -85,3 +88,12 @@ class MscclProgram:
     def collective(self) -> str:
         """The collective in our spelling (``reducescatter`` for both runtimes' spellings)."""
         return "reducescatter" if self.coll in ("reduce_scatter", "reducescatter") else self.coll
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every character outside :data:`NAME_ALPHABET` replaced by ``_``, cut to fit a value.
+
+    >>> safe_name('synth_allgather_box" evil="1')
+    'synth_allgather_box__evil=_1'
+    """
+    return "".join(ch if ch in NAME_ALPHABET else "_" for ch in text)[:MAX_ATTR_LEN]

@@ -30,7 +30,7 @@ from synth.errors import BackendError
 from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
 
 from backends.msccl import conventions
-from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock
+from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock, safe_name
 from backends.msccl.limits import MAX_CHANNELS, max_steps
 
 DEFAULT_MAX_BYTES = 1 << 40
@@ -279,7 +279,7 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     inplace = 0 if coll.name == "alltoall" else 1
     return MscclProgram(
-        name=name or f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}",
+        name=name or safe_name(f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}"),
         proto=proto, nchannels=nchannels, nchunksperloop=conventions.nchunksperloop(coll.name, coll.input_chunks, coll.num_ranks), ngpus=coll.num_ranks,
         coll=COLL_SPELLING[target] if coll.name == "reducescatter" else coll.name, inplace=inplace,
         outofplace=1, min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))

@@ -17,7 +17,7 @@ Callers (``synth solve``, ``synth baseline -o``, the pareto bundle) write only w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -26,7 +26,7 @@ from synth.fileio import write_atomic
 from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
 
-from backends.msccl.ir import MscclProgram
+from backends.msccl.ir import MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
 from backends.msccl.limits import LIMIT_KINDS
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, channels_needed, lower_to_msccl, render_msccl_xml
 from backends.msccl.simulate import simulate_program
@@ -65,6 +65,11 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
         program = lower_to_msccl(schedule, topology=topology, target=target, fuse=fuse, channels=channels,
                                  proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
         label = "fused" if fuse else "plain"
+        unsafe = sorted(set(program.name) - NAME_ALPHABET)
+        if unsafe or len(program.name) > MAX_ATTR_LEN:
+            raise BackendError(f"algorithm name {program.name!r} holds characters the MSCCL lexers cannot take "
+                               f"({''.join(unsafe)!r}) or is over {MAX_ATTR_LEN} characters; use letters, digits "
+                               "and _-.,:=+()")
         text = render_msccl_xml(program)
         try:
             report = check_text(text, f"<{label} lowering>", target)
@@ -79,7 +84,11 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
             what = "breaks a runtime rule" if limit else "fails its check"
             failures.append((f"{label} lowering {what}: " + "; ".join(str(f) for f in errors[:3]), limit))
             continue
-        [parsed] = [r.program for r in report.algos]
+        parsed = [without_lines(r.program) for r in report.algos]
+        if parsed != [program]:   # the text says something else than the program: never written
+            failures.append((f"{label} lowering reads back as a different program", False))
+            continue
+        [parsed] = parsed
         time_us = simulate_program(parsed, topology, size_bytes).time_us if size_bytes else None
         passing.append(EmittedXml(text, parsed, target, fuse, sum(len(g.tbs) for g in parsed.gpus),
                                   parsed.nchannels, time_us))
@@ -116,3 +125,10 @@ def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, targe
 def write_verified_xml(path: str | Path, emitted: EmittedXml) -> None:
     """Write text that :func:`emit_verified_xml` returned, atomically."""
     write_atomic(Path(path), emitted.text)
+
+
+def without_lines(program: MscclProgram) -> MscclProgram:
+    """The program with every source line set to 0, as a generated one has them, to compare with a parsed one."""
+    gpus = tuple(replace(g, line=0, tbs=tuple(replace(tb, line=0, steps=tuple(replace(st, line=0) for st in tb.steps))
+                                              for tb in g.tbs)) for g in program.gpus)
+    return replace(program, line=0, gpus=gpus)

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable
 
+from backends.msccl.ir import safe_name
 from backends.msccl.writer import emit_verified_xml
 from synth import __version__
 from synth.errors import BackendError, VerificationError
@@ -79,7 +80,7 @@ def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tupl
         for i, r in enumerate(ranges):
             alg = by_key[r.key]
             coll = alg.schedule.collective
-            name = f"synth-{coll.name}-{r.key}-{r.min_bytes}-{r.max_bytes}"
+            name = safe_name(f"synth-{coll.name}-{r.key}-{r.min_bytes}-{r.max_bytes}")
             at = min(max(r.min_bytes, min(sizes)), r.max_bytes)
             try:
                 emitted = emit_verified_xml(alg.schedule, topology, target, at, proto=proto, name=name,
