@@ -83,7 +83,7 @@ def test_missing_executor_attributes_per_target():
     program = replace(ring_allgather(), min_bytes=None, max_bytes=None, outofplace=None, line=1)
     executor = only(lint_program(program, "executor"), "algo-attributes")
     assert executor.severity == "error" and executor.runtimes == ("executor",) and executor.line == 1
-    assert "minBytes, maxBytes, outofplace" in executor.message and "silently skips" in executor.message
+    assert "minBytes, maxBytes, outofplace" in executor.message and "every file after it" in executor.message
     assert only(lint_program(program, "both"), "algo-attributes").severity == "warning"
     assert lint_program(program, "legacy") == []
 
@@ -257,7 +257,7 @@ def test_in_place_aliasing():
     n = 2
     tbs = (Threadblock(0, 1, 1, 0, (Step(0, "s", "o", 1, "o", 1, 1), Step(1, "rrc", "i", 1, "o", 1, 1))),)
     gpus = tuple(Gpu(r, 2, 0, 0, tuple(replace(tb, send=1 - r, recv=1 - r) for tb in tbs)) for r in range(n))
-    program = replace(ring_allgather(), coll="allreduce", inplace=1, nchunksperloop=2, gpus=gpus)
+    program = replace(ring_allgather(), coll="allreduce", inplace=1, outofplace=0, nchunksperloop=2, gpus=gpus)
     assert lint_program(program) == []
     assert "step-buffer" in kinds(lint_program(replace(program, inplace=0)))
     # in-place allgather: rank r's input is o[r], so i[1] on the last rank is past the end

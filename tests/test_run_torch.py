@@ -79,8 +79,8 @@ def test_plan_counts_messages_and_sizes_buffers():
     (lambda g: [g[0], Gpu(1, 1, 2, 0, (g[1].tbs[0], tb(1, 0, 0, st(0, "s", "o", 1), st(1, "r", "o", 0, "o", 0),
                                                        st(2, "s", "o", 1))))],
      r"gpu 1->gpu 0 channel 0: 2 message\(s\) sent but 1 received"),
-    (lambda g: [g[0], Gpu(1, 1, 2, 0, (g[1].tbs[0], tb(1, 0, 0, st(0, "s", "o", 1), st(5, "r", "o", 0, "o", 0))))],
-     r"gpu 1/tb 1/step 1: s=5 but the step is at position 1"),
+    (lambda g: [g[0], Gpu(1, 1, 2, 0, (tb(0, -1, -1, st(5, "cpy", "i", 0, "o", 1, hasdep=1)), g[1].tbs[1]))],
+     r"gpu 1/tb 0/step 0: s=5 but the step is at position 0, and dependencies name steps of this tb"),
     (lambda g: [g[0], Gpu(1, 1, 2, 0, (g[1].tbs[0], tb(1, 1, 0, st(0, "s", "o", 1), st(1, "r", "o", 0, "o", 0))))],
      r"gpu 1/tb 1: send=1 is itself"),
 ])
