@@ -114,3 +114,40 @@ def test_a_legacy_format_file_stops_the_executor_loading_the_directory():
     assert verdict(text, "legacy")[0]
     valid, errors, _ = verdict(text, "executor")
     assert not valid and "every file after it (in path order) is lost too" in errors[0]
+
+
+# --- judge, don't refuse ------------------------------------------------------------------------------------
+
+def ring_allreduce_one_chunk(coll: str = "allreduce", first: str = "s") -> str:
+    """In-place Allreduce of ONE chunk on 4 ranks (nchunksperloop < ngpus): reduce along 0->1->2->3, then the
+    sum travels 3->0->1->2. ``first="r"`` makes rank 0 start with a receive: a deadlock."""
+    ring = {0: [("s", "i", "i"), ("rcs", "i", "i")], 1: [("rrs", "i", "i"), ("rcs", "i", "i")],
+            2: [("rrs", "i", "i"), ("r", "i", "i")], 3: [("rrcs", "i", "i")]}
+    if first == "r":
+        ring[0] = [("rcs", "i", "i"), ("s", "i", "i")]
+    gpus = []
+    for r, steps in ring.items():
+        body = "".join(STEP.format(s=k, type=t, sb=sb, so=0, db=db, do=0) for k, (t, sb, db) in enumerate(steps))
+        gpus.append(f'  <gpu id="{r}" i_chunks="1" o_chunks="1" s_chunks="0">\n'
+                    f'    <tb id="0" send="{(r + 1) % 4}" recv="{(r - 1) % 4}" chan="0">\n{body}    </tb>\n  </gpu>\n')
+    return (f'<algo name="ar1" proto="Simple" nchannels="1" nchunksperloop="1" ngpus="4" coll="{coll}" inplace="1" '
+            'outofplace="0" minBytes="0" maxBytes="1073741824">\n' + "".join(gpus) + "</algo>\n")
+
+
+@pytest.mark.parametrize("target", ["executor", "legacy"])
+def test_allreduce_with_fewer_chunks_than_ranks_is_judged(target):
+    assert verdict(ring_allreduce_one_chunk(), target) == (True, [], [])
+    wrong = ring_allreduce_one_chunk().replace('type="rrcs"', 'type="rcs"')   # rank 3 forgets its own piece
+    valid, errors, _ = verdict(wrong, target)
+    assert not valid and "allreduce output o[0] of rank 0" in errors[0] and "missing: rank 3's i[0]" in errors[0]
+
+
+@pytest.mark.parametrize("target", ["executor", "legacy"])
+def test_custom_is_judged_without_a_postcondition(target):
+    custom = ring_allreduce_one_chunk("custom").replace('type="rrcs"', 'type="rcs"')
+    assert verdict(custom, target) == (True, [], [])
+    valid, errors, _ = verdict(ring_allreduce_one_chunk("custom", first="r"), target)
+    assert not valid and "deadlock" in errors[0]
+    valid, errors, _ = verdict(custom.replace('type="r" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0"',
+                                              'type="r" srcbuf="i" srcoff="0" dstbuf="i" dstoff="3"'), target)
+    assert not valid and any("step-buffer" in e or "out-of-range" in e for e in errors)

@@ -66,6 +66,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
@@ -73,7 +74,7 @@ from backends.msccl import conventions
 from backends.msccl.ir import STEP_TYPES, MscclProgram, Step
 from backends.msccl.limits import MAX_CNT
 
-from synth.model.collectives import ROOTED, Collective, make_collective, normalize_name
+from synth.model.collectives import ROOTED, Chunk, Collective, make_collective, normalize_name
 from synth.errors import InputError
 from backends.msccl.findings import Finding
 
@@ -504,6 +505,10 @@ def resolve_collective(program: MscclProgram, name: str | None = None) -> tuple[
         if declared > 0 and declared % per_c == 0:
             chunks = declared // per_c
             break
+    if chunks is None and name == "allreduce":
+        # multiplier 1 (DESIGN section 7): any nchunksperloop runs, e.g. fewer chunks than ranks
+        loop = next(d for d in (o_max, i_max, program.nchunksperloop, 1) if d > 0)
+        return _allreduce_of(program.ngpus, loop), []
     if chunks is None:
         return None, [Finding("collective", f"cannot infer chunks per rank for {name} on {program.ngpus} ranks from "
                               f"o_chunks {o_max}, i_chunks {i_max} or nchunksperloop {program.nchunksperloop}")]
@@ -518,6 +523,16 @@ def resolve_collective(program: MscclProgram, name: str | None = None) -> tuple[
                                         f"ranks with {chunks} chunk(s) per rank has {coll.output_chunks}", "warning",
                                         gpu=g.id, line=g.line))
     return coll, findings
+
+
+def _allreduce_of(ngpus: int, loop: int) -> Collective:
+    """Allreduce over a buffer of ``loop`` chunks, when that is no multiple of the rank count (the collectives'
+    tables cut an Allreduce into ngpus x C chunks): every chunk sums each rank's piece of it exactly once."""
+    ranks = range(ngpus)
+    chunks = tuple(Chunk(k, tuple((q, k) for q in ranks), tuple((q, k) for q in ranks),
+                         tuple(((q, k), 1) for q in ranks)) for k in range(loop))
+    return Collective("allreduce", ngpus, Fraction(loop, ngpus), None, chunks, loop, loop, loop, True,
+                      ((0, 0),) * ngpus)
 
 
 def _outputs(program: MscclProgram, run: RunOutcome) -> dict:
