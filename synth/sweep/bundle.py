@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from backends.msccl.ir import safe_name
+from backends.msccl.selection import size_range_attributes
 from backends.msccl.writer import emit_verified_xml
 from synth import __version__
 from synth.errors import BackendError, VerificationError
@@ -45,7 +46,11 @@ _PERF_BINARY = {"allgather": "all_gather_perf", "reducescatter": "reduce_scatter
 
 @dataclass(frozen=True)
 class BundleFile:
-    """One XML of the bundle: its file name, the algorithm, its inclusive size range (bytes) and the text."""
+    """One XML of the bundle: its file name, the algorithm, its inclusive size range (bytes) and the text.
+
+    The top file also serves every larger size (``unbounded``); ``max_bytes_attribute`` is the ``maxBytes`` that
+    says so in the target runtime's own terms (:func:`backends.msccl.selection.size_range_attributes`).
+    """
 
     file_name: str
     key: str
@@ -53,6 +58,8 @@ class BundleFile:
     max_bytes: int
     text: str
     fused: bool
+    unbounded: bool = False
+    max_bytes_attribute: int = 0
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,10 @@ class BundlePlan:
 def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tuple[int, ...], low: int, high: int,
                 target: str = "executor", proto: str = "Simple",
                 limit_us: Callable[[int], float | None] = lambda size: None) -> BundlePlan:
-    """Choose per size, tile ``low..high``, emit one XML per range (excluding algorithms that fail to emit)."""
+    """Choose per size, tile ``low..high``, emit one XML per range (excluding algorithms that fail to emit).
+
+    Each file's ``minBytes``/``maxBytes`` select exactly its range in the target runtime's terms (legacy's top is
+    exclusive), and the top file has no upper limit (executor ``maxBytes="0"``, legacy the largest int64)."""
     algorithms = list(algorithms)
     excluded: dict[str, str] = {}
     while True:
@@ -82,14 +92,16 @@ def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tupl
             coll = alg.schedule.collective
             name = safe_name(f"synth-{coll.name}-{r.key}-{r.min_bytes}-{r.max_bytes}")
             at = min(max(r.min_bytes, min(sizes)), r.max_bytes)
+            top = i == len(ranges) - 1
+            min_attr, max_attr = size_range_attributes(target, r.min_bytes, None if top else r.max_bytes)
             try:
                 emitted = emit_verified_xml(alg.schedule, topology, target, at, proto=proto, name=name,
-                                            min_bytes=r.min_bytes, max_bytes=r.max_bytes)
+                                            min_bytes=min_attr, max_bytes=max_attr)
             except (BackendError, VerificationError) as exc:
                 failed = (r.key, str(exc))
                 break
             files.append(BundleFile(f"{i:02d}-{coll.name}-{r.key}.xml", r.key, r.min_bytes, r.max_bytes,
-                                    emitted.text, emitted.fused))
+                                    emitted.text, emitted.fused, top, max_attr))
         if failed is None:
             return BundlePlan(choices, ranges, tuple(files), tuple(sorted(excluded.items())))
         excluded[failed[0]] = failed[1]
@@ -104,9 +116,11 @@ def readme_text(plan: BundlePlan, algorithms: Iterable[Algorithm], collective: s
     lines = [f"synth pareto bundle: {collective} on {topology.name} ({n} ranks, {topology.num_nodes} node(s)), "
              f"MSCCL target {target}", "",
              f"{BUNDLE_DIR}/ holds one MSCCL XML algorithm per size range; the runtime picks the file whose",
-             "minBytes..maxBytes (inclusive, in bytes of nccl-tests' buffer size) contains the call's size:", ""]
+             "size range (inclusive, in bytes of nccl-tests' buffer size) contains the call's size; the last one",
+             "also serves every larger size:", ""]
     for f in plan.files:
-        lines.append(f"  {f.file_name:44s} {f.min_bytes:>12d} .. {f.max_bytes:<12d} {labels.get(f.key, f.key)}")
+        top = "and up" if f.unbounded else str(f.max_bytes)
+        lines.append(f"  {f.file_name:44s} {f.min_bytes:>12d} .. {top:<12s} {labels.get(f.key, f.key)}")
     lines += ["", "Run with nccl-tests (https://github.com/NVIDIA/nccl-tests) built against NCCL with MSCCL:", ""]
     if target == "executor":
         lines += [f"  export MSCCL_ALGO_DIR=$PWD/{BUNDLE_DIR}",
@@ -185,7 +199,8 @@ def frontier_document(frontier: Frontier, topology: Topology, stage: str, plan: 
                                       "busbw_GBps": t.busbw_GBps, "runnable": t.runnable} for t in c.timings]}
                         for c in plan.choices]
         doc["bundle"] = [{"file": f"{BUNDLE_DIR}/{f.file_name}", "key": f.key, "min_bytes": f.min_bytes,
-                          "max_bytes": f.max_bytes, "fused": f.fused} for f in plan.files]
+                          "max_bytes": f.max_bytes, "unbounded": f.unbounded, "maxBytes": f.max_bytes_attribute,
+                          "fused": f.fused} for f in plan.files]
         doc["excluded"] = [{"key": k, "reason": r} for k, r in plan.excluded]
     return doc
 
