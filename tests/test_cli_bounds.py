@@ -95,3 +95,19 @@ def test_errors_are_one_line_exit_1(args, message):
 def test_help(command):
     r = run(command, "--help")
     assert r.exit_code == 0 and "--topology" in r.stdout and "--size" in r.stdout
+
+
+@pytest.mark.parametrize("target", ["executor", "legacy"])
+def test_baseline_best_writes_only_what_the_runtime_runs(tmp_path, target):
+    """dgx1 Alltoall: the fastest baseline has nchunksperloop 192 (never selected at power-of-two sizes);
+    `best -o` writes the fastest one the runtime runs and holds, and `synth check` accepts it for the target."""
+    from backends.msccl.parse import load_msccl_xml
+    xml = tmp_path / "a2a.xml"
+    r = run("baseline", "best", "alltoall", "-t", "dgx1", "--size", "1MB", "--target", target, "-o", str(xml),
+            "--json")
+    assert r.exit_code == 0, r.output
+    assert run("check", str(xml), "--target", target).exit_code == 0
+    [program] = load_msccl_xml(xml)
+    assert program.nchunksperloop & (program.nchunksperloop - 1) == 0
+    fastest = json.loads(run("baseline", "best", "alltoall", "-t", "dgx1", "--size", "1MB", "--json").stdout)
+    assert fastest["chunks_per_rank"] * 8 == 192 and json.loads(r.stdout)["time_us"] >= fastest["time_us"]

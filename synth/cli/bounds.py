@@ -82,7 +82,10 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
         raise InputError("NAME", "", f"unknown baseline {name!r}; choose best or one of {', '.join(BASELINES)}")
     topo = load_topology(topology_name, nodes)
     size = parse_size(size_text)
-    if name == "best":
+    emitted = None
+    if name == "best" and xml_out:
+        name, schedule, report, emitted = _best_written(collective, topo, size, root, target)
+    elif name == "best":
         best = best_baseline(collective, topo, size, root)
         name, schedule, report = best.name, best.schedule, best.report
     else:
@@ -92,7 +95,7 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
     if xml_out:
         from backends.msccl.writer import emit_verified_xml, write_verified_xml
 
-        write_verified_xml(xml_out, emit_verified_xml(schedule, topo, target, size))
+        write_verified_xml(xml_out, emitted or emit_verified_xml(schedule, topo, target, size))
     if schedule_out:
         write_atomic(schedule_out, schedule.to_json() + "\n")
     summary = {"baseline": name, "collective": schedule.collective.name, "topology": topo.name,
@@ -108,3 +111,25 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
              f"algbw {report.algbw_GBps:.3f} GB/s, busbw {report.busbw_GBps:.3f} GB/s, "
              f"{summary['fraction_of_limit']:.1%} of the limit ({bound.limit_us:.3f} us); "
              f"{len(schedule.transfers)} transfers in {schedule.steps} steps")
+
+
+def _best_written(collective, topo, size, root, target):
+    """The fastest baseline (1, 2 or 4 chunks per rank) that the runtime selects at power-of-two sizes and whose
+    XML fits its limits: ``(name, schedule, report, emitted)``."""
+    from backends.msccl.writer import emit_first_accepted
+    from synth.schedule.replay import verify
+    from synth.synthesis.baselines import baseline_status, build_baseline
+
+    ranked = []
+    for name, reason in baseline_status(collective, topo, root).items():
+        for chunks in (1, 2, 4) if reason is None else ():
+            schedule = build_baseline(name, collective, topo, chunks, root, order_bytes=size)
+            if schedule.collective.runs_at_power_of_two_sizes:
+                ranked.append((verify(schedule, topo, size).time_us, name, chunks, schedule))
+    if not ranked:
+        raise InputError("COLLECTIVE", "", f"no baseline for {collective} on {topo.name} runs at power-of-two "
+                         "sizes")
+    ranked.sort(key=lambda item: item[:3])
+    emitted = emit_first_accepted([item[3] for item in ranked], topo, target, size)
+    _, name, _, schedule = ranked[emitted.candidate]
+    return name, schedule, verify(schedule, topo, size), emitted
