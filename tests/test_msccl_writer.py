@@ -43,3 +43,33 @@ def test_text_that_reads_back_as_another_program_is_refused(monkeypatch, ring4, 
     monkeypatch.setattr(writer, "render_msccl_xml", lambda program: real(program).replace('name="', 'name="x', 1))
     with pytest.raises(VerificationError, match="fused lowering reads back as a different program"):
         emit_verified_xml(ring_schedule, ring4, "executor")
+
+
+@pytest.mark.parametrize("coll", ["alltoall", "allgather", "reducescatter"])
+def test_sends_and_receives_name_the_other_end_as_msccl_tools_does(dgx1, coll):
+    """The k-th message of a connection: the send's destination fields are where the receive writes, and the
+    receive's source fields are where the send reads (what MSCCL-XML-Verifier matches)."""
+    from collections import defaultdict
+    from backends.msccl.ir import STEP_TYPES
+    from conftest import DGX1_EVERY_COLLECTIVE
+    [(S, R, C)] = [(s, r, c) for name, s, r, c in DGX1_EVERY_COLLECTIVE if name == coll]
+    schedule = synthesize_steps(dgx1, coll, S, R, C).schedule
+    [program] = parse_msccl_xml(emit_verified_xml(schedule, dgx1, "executor").text, "x.xml")
+    sends, recvs = defaultdict(list), defaultdict(list)
+    for gpu in program.gpus:
+        for tb in gpu.tbs:
+            for st in tb.steps:
+                receives, sends_data, _, _ = STEP_TYPES[st.type]
+                if sends_data:
+                    sends[(gpu.id, tb.send, tb.chan)].append(st)
+                if receives:
+                    recvs[(tb.recv, gpu.id, tb.chan)].append(st)
+    plain = 0
+    for conn, sent in sends.items():
+        for send, recv in zip(sent, recvs[conn], strict=True):
+            if send.type == "s":
+                assert (send.dstbuf, send.dstoff) == (recv.dstbuf, recv.dstoff)
+                plain += 1
+            if recv.type == "r":
+                assert (recv.srcbuf, recv.srcoff) == (send.srcbuf, send.srcoff)
+    assert plain > 0

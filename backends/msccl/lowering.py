@@ -275,7 +275,9 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
                               channels)
     coll = schedule.collective
-    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, topology) for plan in plans]
+    peers = _PeerSlots({op.send: op.src for plan in plans for op in plan.ops if op.send is not None},
+                       {op.recv: op.dst for plan in plans for op in plan.ops if op.recv is not None})
+    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology) for plan in plans]
     nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     inplace = 0 if coll.name == "alltoall" else 1
     return MscclProgram(
@@ -353,7 +355,26 @@ def _add_dependencies(ops: list[_Op], key) -> None:
             readers_since[src].append(op)
 
 
-def _emit_gpu(plan: _RankPlan, scratch: int, coll, topology=None) -> Gpu:
+@dataclass(frozen=True)
+class _PeerSlots:
+    """Where each transfer is read at its sender and written at its receiver.
+
+    A plain send's destination fields and a plain receive's source fields name nothing local; msccl-tools writes
+    the other end's slot there, and checkers such as MSCCL-XML-Verifier match messages by them (the runtimes do
+    not read them)."""
+
+    sent_from: dict
+    received_into: dict
+
+    def fields(self, op: _Op) -> tuple[tuple[str, int], tuple[str, int]]:
+        if op.kind == "s":
+            return op.src, self.received_into.get(op.send, op.dst)
+        if op.kind == "r":
+            return self.sent_from.get(op.recv, op.src), op.dst
+        return op.src, op.dst
+
+
+def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None) -> Gpu:
     by_tb = defaultdict(list)
     for op in plan.ops:
         by_tb[op.tb_key].append(op)
@@ -395,7 +416,7 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, topology=None) -> Gpu:
                 emitted.append(Step(i, "nop", "i", 0, "o", 0, 1, depid, deps, 0))
                 continue
             hasdep = 1 if id(op) in published else 0
-            (sb, so), (db, do) = op.src, op.dst
+            (sb, so), (db, do) = peers.fields(op)
             emitted.append(Step(i, op.kind, sb, so, db, do, 1, depid, deps, hasdep))
         out_tbs.append(Threadblock(tb_id[k], send, recv, chan, tuple(emitted)))
     return Gpu(plan.rank, coll.input_chunks, coll.output_chunks, scratch, tuple(out_tbs))
