@@ -32,21 +32,17 @@ EXECUTOR_XML = ('<algo name="pair" proto="Simple" nchannels="1" nchunksperloop="
 """
 
 
+def swapped_steps(gpu: int) -> str:
+    """EXECUTOR_XML with the two steps of ``gpu`` in the other order (``s`` renumbered)."""
+    lines = EXECUTOR_XML.splitlines(keepends=True)
+    first = 3 + 6 * gpu
+    lines[first:first + 2] = (lines[first + 1].replace('s="1"', 's="0"'), lines[first].replace('s="0"', 's="1"'))
+    return "".join(lines)
+
+
 # Both ranks send before they receive: fine with one message of buffering, a deadlock with rendezvous sends.
-_GPU1_RECEIVE_FIRST = """\
-      <step s="0" type="r" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>"""
-_GPU1_SEND_FIRST = """\
-      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="r" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>"""
-_GPU0_SEND_FIRST = """\
-      <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="r" srcbuf="i" srcoff="0" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>"""
-_GPU0_RECEIVE_FIRST = """\
-      <step s="0" type="r" srcbuf="i" srcoff="0" dstbuf="o" dstoff="1" cnt="1" depid="-1" deps="-1" hasdep="0"/>
-      <step s="1" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>"""
-SEND_FIRST_XML = EXECUTOR_XML.replace(_GPU1_RECEIVE_FIRST, _GPU1_SEND_FIRST)
-RECEIVE_FIRST_XML = EXECUTOR_XML.replace(_GPU0_SEND_FIRST, _GPU0_RECEIVE_FIRST)
+SEND_FIRST_XML = swapped_steps(1)
+RECEIVE_FIRST_XML = swapped_steps(0)
 
 
 def silent_allgather(chunks_per_rank: int) -> str:

@@ -72,14 +72,19 @@ def test_unfused_lowering_has_separate_send_and_receive_threadblocks(dgx1_schedu
         assert {st.type for tb in gpu.tbs for st in tb.steps} <= {"s", "r", "cpy"}
 
 
-def test_a_program_over_the_step_limit_is_refused(dgx1_schedules):
+def with_long_tb(program, steps: int):
+    """``program`` with tb 1 of gpu 0 made ``steps`` copies of its first step long."""
     import dataclasses
-    program = lower_to_msccl(dgx1_schedules["allgather"])
     gpu = program.gpus[0]
     tb = gpu.tbs[1]
-    long_tb = dataclasses.replace(tb, steps=tuple(dataclasses.replace(tb.steps[0], s=i) for i in range(300)))
-    big = dataclasses.replace(program, gpus=(dataclasses.replace(gpu, tbs=(gpu.tbs[0], long_tb) + gpu.tbs[2:]),)
-                              + program.gpus[1:])
+    long_tb = dataclasses.replace(tb, steps=tuple(dataclasses.replace(tb.steps[0], s=i) for i in range(steps)))
+    return dataclasses.replace(program, gpus=(dataclasses.replace(gpu, tbs=(gpu.tbs[0], long_tb) + gpu.tbs[2:]),)
+                               + program.gpus[1:])
+
+
+def test_a_program_over_the_step_limit_is_refused(dgx1_schedules):
+    program = lower_to_msccl(dgx1_schedules["allgather"])
+    big = with_long_tb(program, 300)
     executor = [str(f) for f in for_target(runtime_limits(big), "executor")]
     assert any("300 steps; both runtimes allow at most 256" in p for p in executor)
     assert any("at most 256" in str(f) for f in for_target(runtime_limits(big), "legacy"))
@@ -88,14 +93,8 @@ def test_a_program_over_the_step_limit_is_refused(dgx1_schedules):
 
 def test_refusal_raises_backend_error(monkeypatch, dgx1, dgx1_schedules):
     """A program the runtime cannot hold is refused with the rule named, and nothing is returned."""
-    import dataclasses
     import backends.msccl.writer as writer
-    program = lower_to_msccl(dgx1_schedules["allgather"])
-    gpu = program.gpus[0]
-    tb = gpu.tbs[1]
-    long_tb = dataclasses.replace(tb, steps=tuple(dataclasses.replace(tb.steps[0], s=i) for i in range(99)))
-    big = dataclasses.replace(program, gpus=(dataclasses.replace(gpu, tbs=(gpu.tbs[0], long_tb) + gpu.tbs[2:]),)
-                              + program.gpus[1:])
+    big = with_long_tb(lower_to_msccl(dgx1_schedules["allgather"]), 99)
     monkeypatch.setattr(writer, "lower_to_msccl", lambda *args, **kwargs: big)
     with pytest.raises(BackendError, match="breaks a runtime rule: .*99 steps; the executor's default build allows"):
         emit_verified_xml(dgx1_schedules["allgather"], dgx1)
