@@ -69,8 +69,8 @@ def test_baseline_xml_is_lowered_with_the_topology_and_passes_check(tmp_path, ta
     from backends.msccl.parse import load_msccl_xml
     from backends.msccl.simulate import simulate_program
     xml, sched = tmp_path / "ag.xml", tmp_path / "ag.json"
-    r = run("baseline", "all-pairs", "allgather", "-t", "dgx-a100", "--size", "16MB", "--target", target, "-o", str(xml),
-            "--schedule-out", str(sched))
+    r = run("baseline", "all-pairs", "allgather", "-t", "dgx-a100", "--size", "16MB", "--target", target,
+            "-o", str(xml), "--schedule-out", str(sched))
     assert r.exit_code == 0, r.output
     assert run("check", str(xml), "--target", target).exit_code == 0
     topo = load_topology("dgx-a100")

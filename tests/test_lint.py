@@ -463,7 +463,8 @@ def test_long_runs_of_nops_lint_in_linear_time():
     """80k consecutive nops took 205 s when each nop looked ahead for the next real step; now well under 1 s."""
     import time
     n = 40_000
-    nops = tuple(Step(k, "nop", "i", 0, "o", 0, 1, 0, 0, 0) for k in range(n)) + (Step(n, "s", "o", 0, "o", 0, 1, 0, 0),)
+    nops = tuple(Step(k, "nop", "i", 0, "o", 0, 1, 0, 0, 0) for k in range(n))
+    nops += (Step(n, "s", "o", 0, "o", 0, 1, 0, 0),)
     program = edit_tb(ring_allgather(), 0, 1, steps=nops)
     start = time.perf_counter()
     findings = lint_program(program, "legacy")

@@ -803,7 +803,8 @@ class _Machine:
         cnt = max(step.cnt, 0)
         ref = (tb.gpu, tb.id, k)
         if step.cnt < 1:
-            self.findings.append(Finding("count", f"cnt {step.cnt} moves no chunk; cnt must be 1..{MAX_CNT}", gpu=tb.gpu,
+            self.findings.append(Finding("count", f"cnt {step.cnt} moves no chunk; cnt must be 1..{MAX_CNT}",
+                                         gpu=tb.gpu,
                                          tb=tb.id, step=k, line=step.line))
         if rec:
             value = self._received(msg, cnt, ref, step)

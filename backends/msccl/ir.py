@@ -24,6 +24,8 @@ BUFFERS = ("i", "o", "s")
 PROTOCOLS = ("Simple", "LL", "LL128")
 # Spelling of the reduce-scatter collective per runtime target.
 COLL_SPELLING = {"executor": "reducescatter", "legacy": "reduce_scatter"}
+# Collectives the legacy loader refuses ("MSCCL: collective type gather is not supported").
+LEGACY_UNKNOWN_COLLECTIVES = ("gather", "scatter")
 
 # Characters an algorithm name written by synth may hold: no quote, angle bracket, ampersand or line break can
 # reach the runtimes' lexers, which decode no XML escapes (see :func:`safe_name`).

@@ -29,7 +29,8 @@ from dataclasses import replace
 from math import gcd
 
 from backends.msccl import conventions
-from backends.msccl.ir import COLL_SPELLING, MAX_ATTR_LEN, PROTOCOLS, STEP_TYPES, Gpu, MscclProgram, Step, Threadblock
+from backends.msccl.ir import (COLL_SPELLING, LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, PROTOCOLS, STEP_TYPES, Gpu,
+                               MscclProgram, Step, Threadblock)
 from backends.msccl.limits import (MAX_DEPID, buffer_findings, buffer_limits, connection_findings, nchannels_findings,
                                    step_limit_findings, tb_limit_findings)
 
@@ -52,7 +53,6 @@ TYPICAL_MIN_SMS = 80              # V100; all tbs of a GPU must be co-resident, 
 STRUCTURAL_KINDS = frozenset({"gpu-ids", "tb-ids", "tb-peer", "dependency", "step-buffer", "channel"})
 
 _COLLS = ("allgather", "allreduce", "alltoall", "broadcast", "reduce", "gather", "scatter", "custom")
-_LEGACY_UNKNOWN = ("gather", "scatter")
 
 
 def lint_program(program: MscclProgram, target: str = "both", *, cap: bool = True) -> list[Finding]:
@@ -200,7 +200,7 @@ def _legacy_inplace(p: MscclProgram) -> list[Finding]:
 def _legacy_buffer_chunks(p: MscclProgram) -> list[Finding]:
     """The legacy loader checks ``i_chunks * m_in == nchunksperloop`` (and for ``o_chunks``) where they are > 0;
     m is the collective's buffer multiplier (:mod:`backends.msccl.conventions`; custom: 1, so i = o = L)."""
-    if p.coll in _LEGACY_UNKNOWN or p.nchunksperloop < 1:
+    if p.coll in LEGACY_UNKNOWN_COLLECTIVES or p.nchunksperloop < 1:
         return []
     sizes = conventions.buffer_chunks(p.collective, p.nchunksperloop, p.ngpus)
     want = (p.nchunksperloop, p.nchunksperloop) if sizes is None else (sizes.input, sizes.output)
@@ -216,7 +216,7 @@ def _legacy_buffer_chunks(p: MscclProgram) -> list[Finding]:
 
 def _coll_spelling(p: MscclProgram) -> list[Finding]:
     """The collectives each loader knows, in its spelling."""
-    if p.coll in _LEGACY_UNKNOWN:
+    if p.coll in LEGACY_UNKNOWN_COLLECTIVES:
         # legacy loader: "MSCCL: collective type gather is not supported"
         return [Finding("coll", f"the legacy runtime knows no {p.coll} and refuses the file; write it for the "
                         "executor", runtimes=LEGACY, line=p.line)]

@@ -282,7 +282,8 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     inplace = 0 if coll.name == "alltoall" else 1
     return MscclProgram(
         name=name or safe_name(f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}"),
-        proto=proto, nchannels=nchannels, nchunksperloop=conventions.nchunksperloop(coll.name, coll.input_chunks, coll.num_ranks), ngpus=coll.num_ranks,
+        proto=proto, nchannels=nchannels, ngpus=coll.num_ranks,
+        nchunksperloop=conventions.nchunksperloop(coll.name, coll.input_chunks, coll.num_ranks),
         coll=COLL_SPELLING[target] if coll.name == "reducescatter" else coll.name, inplace=inplace,
         outofplace=1, min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
 

@@ -26,7 +26,7 @@ from synth.fileio import write_atomic
 from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
 
-from backends.msccl.ir import MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
+from backends.msccl.ir import LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
 from backends.msccl.limits import LIMIT_KINDS
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, channels_needed, lower_to_msccl, render_msccl_xml
 from backends.msccl.simulate import simulate_program
@@ -58,6 +58,7 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     """Lower both ways with the topology, judge each rendered text as ``synth check`` does, keep the best."""
     if topology is None:
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
+    _check_collective_known(schedule, target)
     failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
     passing: list[EmittedXml] = []
     variants = [(True, 1), (False, 1)]
@@ -111,6 +112,8 @@ def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, targe
     """The first of ``schedules`` (callers order them fastest first) whose XML the runtime accepts and the
     verdict passes; ``on_refusal(index, reason)`` hears about each one skipped."""
     refusals = []
+    for schedule in schedules[:1]:
+        _check_collective_known(schedule, target)
     for index, schedule in enumerate(schedules):
         try:
             emitted = emit_verified_xml(schedule, topology, target, size_bytes, **lower_options)
@@ -120,6 +123,13 @@ def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, targe
             continue
         return EmittedXml(**{**emitted.__dict__, "candidate": index})
     raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
+
+
+def _check_collective_known(schedule: Schedule, target: str) -> None:
+    name = schedule.collective.name
+    if target == "legacy" and name in LEGACY_UNKNOWN_COLLECTIVES:
+        raise BackendError(f"the legacy runtime knows no {name} (its loader refuses the file); write it for the "
+                           "executor (--target executor)")
 
 
 def write_verified_xml(path: str | Path, emitted: EmittedXml) -> None:

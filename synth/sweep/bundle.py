@@ -2,8 +2,9 @@
 
 :func:`plan_bundle` picks the fastest algorithm per size (:mod:`synth.sweep.sizes`), tiles the size range and
 lowers each range's algorithm to MSCCL XML through :func:`backends.msccl.writer.emit_verified_xml` (lowered with
-the topology, read back and judged as ``synth check`` judges a file, timed). An algorithm that cannot be emitted is excluded (with the
-reason) and the choice is made again without it, so every file in the bundle has been executed.
+the topology, read back and judged as ``synth check`` judges a file, timed). An algorithm that cannot be
+emitted is excluded (with the reason) and the choice is made again without it, so every file in the bundle has
+been executed.
 
 Layout of an output directory (written by :func:`write_bundle`; every file atomically)::
 
