@@ -117,19 +117,11 @@ def _best_written(collective, topo, size, root, target):
     """The fastest baseline (1, 2 or 4 chunks per rank) that the runtime selects at power-of-two sizes and whose
     XML fits its limits: ``(name, schedule, report, emitted)``."""
     from backends.msccl.writer import emit_first_accepted
-    from synth.schedule.replay import verify
-    from synth.synthesis.baselines import baseline_status, build_baseline
+    from synth.synthesis.baselines import evaluate_baselines
 
-    ranked = []
-    for name, reason in baseline_status(collective, topo, root).items():
-        for chunks in (1, 2, 4) if reason is None else ():
-            schedule = build_baseline(name, collective, topo, chunks, root, order_bytes=size)
-            if schedule.collective.runs_at_power_of_two_sizes:
-                ranked.append((verify(schedule, topo, size).time_us, name, chunks, schedule))
-    if not ranked:
-        raise InputError("COLLECTIVE", "", f"no baseline for {collective} on {topo.name} runs at power-of-two "
-                         "sizes")
-    ranked.sort(key=lambda item: item[:3])
-    emitted = emit_first_accepted([item[3] for item in ranked], topo, target, size)
-    _, name, _, schedule = ranked[emitted.candidate]
-    return name, schedule, verify(schedule, topo, size), emitted
+    table = evaluate_baselines(collective, topo, size, root)
+    table.best(runnable_only=True)     # raises, naming why, when no baseline runs at power-of-two sizes
+    ranked = sorted((run for run in table.runs if run.runnable), key=lambda run: run.report.time_us)
+    emitted = emit_first_accepted([run.schedule for run in ranked], topo, target, size)
+    run = ranked[emitted.candidate]
+    return run.name, run.schedule, run.report, emitted
