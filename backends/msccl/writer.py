@@ -107,21 +107,22 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
 
 def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, target: str = "executor",
                         size_bytes: int | None = None,
-                        on_refusal: Callable[[int, str], None] = lambda index, reason: None,
-                        **lower_options) -> EmittedXml:
+                        on_refusal: Callable[[int, str], None] = lambda index, reason: None, *,
+                        proto: str = "Simple", min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> EmittedXml:
     """The first of ``schedules`` (callers order them fastest first) whose XML the runtime accepts and the
     verdict passes; ``on_refusal(index, reason)`` hears about each one skipped."""
     refusals = []
-    for schedule in schedules[:1]:
-        _check_collective_known(schedule, target)
+    if schedules:   # every candidate is the same collective: refuse once, with the reason
+        _check_collective_known(schedules[0], target)
     for index, schedule in enumerate(schedules):
         try:
-            emitted = emit_verified_xml(schedule, topology, target, size_bytes, **lower_options)
+            emitted = emit_verified_xml(schedule, topology, target, size_bytes, proto=proto, min_bytes=min_bytes,
+                                        max_bytes=max_bytes)
         except BackendError as exc:
             refusals.append(f"candidate {index + 1}: {exc}")
             on_refusal(index, str(exc))
             continue
-        return EmittedXml(**{**emitted.__dict__, "candidate": index})
+        return replace(emitted, candidate=index)
     raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
 
 
