@@ -132,7 +132,9 @@ def readme_text(plan: BundlePlan, algorithms: Iterable[Algorithm], collective: s
         lines += [f"  export MSCCL_XML_FILES={files}",
                   "  (the legacy MSCCL fork of NCCL 2.12 takes at most 4 files" +
                   (f"; this bundle has {len(plan.files)}, so only the first 4 ranges are listed)" if len(plan.files) > 4
-                   else ")")]
+                   else ")"),
+                  "  (it selects a file only when the call's in-place-ness equals the file's inplace attribute, so",
+                  "  calls of the other kind run NCCL's own algorithm; nccl-tests reports both columns)"]
     low = _nccl_tests_size(plan.ranges[0].min_bytes) if plan.ranges else "1K"
     high = _nccl_tests_size(plan.ranges[-1].max_bytes) if plan.ranges else "1G"
     if topology.num_nodes > 1:
