@@ -72,7 +72,7 @@ import numpy as np
 
 from backends.msccl import conventions
 from backends.msccl.ir import STEP_TYPES, MscclProgram, Step
-from backends.msccl.limits import MAX_CNT
+from backends.msccl.limits import MAX_CNT, connection_findings
 
 from synth.model.collectives import ROOTED, Chunk, Collective, make_collective, normalize_name
 from synth.errors import InputError
@@ -180,18 +180,13 @@ def index_program(program: MscclProgram) -> ProgramIndex:
     for t, (gpu, tb) in enumerate(raw):
         out_c = conn((gpu.id, tb.send, tb.chan)) if peer_ok(gpu.id, tb.send, "send", tb) else None
         in_c = conn((tb.recv, gpu.id, tb.chan)) if peer_ok(gpu.id, tb.recv, "recv", tb) else None
-        for c, table, role in ((out_c, senders, "sending to"), (in_c, receivers, "receiving from")):
-            if c is None:
-                continue
-            if c in table:
-                other = raw[table[c]][1]
-                peer = tb.send if role == "sending to" else tb.recv
-                findings.append(Finding("connection", f"tbs {other.id} and {tb.id} are both {role} gpu {peer} on "
-                                        f"channel {tb.chan}; the runtime allows one", gpu=gpu.id, tb=tb.id,
-                                        line=tb.line))
-            else:
+        for c, table in ((out_c, senders), (in_c, receivers)):
+            if c is not None and c not in table:   # a second tb on the connection: a limit, reported below
                 table[c] = t
         plan.append((out_c, in_c))
+    for gpu in program.gpus:
+        if 0 <= gpu.id < ngpus:
+            findings += connection_findings(gpu)
 
     tbs = []
     for t, (gpu, tb) in enumerate(raw):
