@@ -12,7 +12,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
 
 from _common import print_table, timed, write_json  # noqa: E402
 
@@ -22,9 +24,9 @@ from synth.errors import InfeasibleError  # noqa: E402
 from synth.solver.highs import SolverOptions, solve_model  # noqa: E402
 from synth.synthesis.steps import synthesize_steps  # noqa: E402
 from synth.model.topology import load_topology  # noqa: E402
+from support.instances import DGX1_FEASIBLE, DGX1_INFEASIBLE  # noqa: E402
 
-INSTANCES = [("allgather", 2, 3, 2), ("allgather", 3, 7, 6), ("allgather", 3, 6, 6),
-             ("reducescatter", 2, 3, 2), ("reducescatter", 3, 7, 6), ("reducescatter", 3, 6, 6)]
+INSTANCES = sorted(DGX1_FEASIBLE + DGX1_INFEASIBLE, key=lambda i: (i.collective, i.steps, -i.rounds))
 
 
 def run_model(topo, coll, S, R, C, symmetric):

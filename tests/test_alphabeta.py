@@ -8,7 +8,7 @@ from synth.formulations.routed import decode_routed, encode_routed
 from synth.errors import InfeasibleError, InputError
 from synth.schedule.replay import replay_data, verify
 from synth.schedule.list_scheduler import list_schedule
-from synth.schedule.transforms import pipeline
+from synth.schedule.transforms import cut_into_pieces
 from synth.formulations.routes import make_problem, route_loads, shortest_path_routes
 from synth.model.sketch import load_sketch, sketch_from_dict
 from synth.solver.highs import SolverOptions, solve_model
@@ -84,18 +84,18 @@ def test_pipelining_preserves_correctness_and_helps_when_bandwidth_bound():
     base = synthesize_steps(topo, "broadcast", steps=2, rounds=2).schedule  # the far rank is 2 hops away
     before = verify(base, topo, 1 << 30).time_us
     for k in (2, 4, 8):
-        piped = pipeline(base, k)
+        piped = cut_into_pieces(base, k)
         assert piped.collective.chunks_per_rank == k and replay_data(piped) == []
         after = verify(piped, topo, 1 << 30).time_us
         assert after <= before + 1e-6
     # two store-and-forward hops of the whole buffer become one buffer time plus one piece
-    assert verify(pipeline(base, 8), topo, 1 << 30).time_us < 0.6 * before
+    assert verify(cut_into_pieces(base, 8), topo, 1 << 30).time_us < 0.6 * before
 
 
 def test_pipelining_a_reduction_keeps_every_partial_sum():
     topo = load_topology("dgx1")
     rs = synthesize_steps(topo, "reducescatter", 2, 3, 2).schedule
-    piped = pipeline(rs, 3)
+    piped = cut_into_pieces(rs, 3)
     assert replay_data(piped) == []
     assert verify(piped, topo, 1 << 30).time_us <= verify(rs, topo, 1 << 30).time_us + 1e-6
 

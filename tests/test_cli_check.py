@@ -5,14 +5,12 @@ the shared third-party files).
 """
 
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from synth.cli import main
-
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
+from support.shared import ALL_FILES, INVALID_FILE, shared_msccl_xml
 
 EXECUTOR_XML = ('<algo name="pair" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" '
                 'inplace="1" outofplace="0" minBytes="0" maxBytes="1073741824">\n') + """\
@@ -93,7 +91,7 @@ def test_fifo_depth_option_reaches_the_interpreter(tmp_path):
 
 
 def test_shared_legacy_file_is_valid_for_both_with_a_warning():
-    path = SHARED / "simple_allgather_ring_4gpu.xml"
+    path = shared_msccl_xml("simple_allgather_ring_4gpu.xml")
     result = run(path)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
@@ -102,7 +100,7 @@ def test_shared_legacy_file_is_valid_for_both_with_a_warning():
 
 
 def test_shared_legacy_file_is_invalid_for_the_executor():
-    path = SHARED / "simple_allgather_ring_4gpu.xml"
+    path = shared_msccl_xml("simple_allgather_ring_4gpu.xml")
     result = run(path, "--target", "executor")
     assert result.exit_code == 1
     assert "error: algo-attributes: <algo> lacks minBytes, maxBytes, outofplace" in result.stdout
@@ -201,7 +199,7 @@ def test_json_report(tmp_path):
 
 def test_json_report_of_an_invalid_multi_algo_file(tmp_path):
     path = tmp_path / "two.xml"
-    path.write_text(EXECUTOR_XML + (SHARED / "dgx1_reducescatter_s2_r3_c2.xml").read_text() + "\n<copy/>\n")
+    path.write_text(EXECUTOR_XML + shared_msccl_xml("dgx1_reducescatter_s2_r3_c2.xml").read_text() + "\n<copy/>\n")
     result = run(path, "--json", "--target", "executor")
     assert result.exit_code == 1
     report = json.loads(result.stdout)
@@ -214,12 +212,11 @@ def test_json_report_of_an_invalid_multi_algo_file(tmp_path):
 
 # --- with the real interpreter ----------------------------------------------------------------------------
 
-VERDICTS = {name: name != "allreduce_a100_pcie_hierarchical_8gpu_1inst.xml"
-            for name in (p.name for p in SHARED.glob("*.xml"))}
+VERDICTS = {name: name != INVALID_FILE for name in ALL_FILES}
 
 
 @pytest.mark.parametrize("name", sorted(VERDICTS))
 def test_shared_files_get_the_readme_verdict(name):
-    result = run(SHARED / name, "--target", "legacy")
+    result = run(shared_msccl_xml(name), "--target", "legacy")
     assert "Traceback" not in result.output
     assert result.exit_code == (0 if VERDICTS[name] else 1), result.output

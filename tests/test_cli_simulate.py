@@ -10,17 +10,22 @@ from click.testing import CliRunner
 from synth.cli import main
 from synth.model.collectives import make_collective
 from synth.schedule.ir import Schedule, Transfer
-from test_interpret import INVALID_FILE, SHARED_XML
+from support import programs
+from support.shared import INVALID_FILE as SHARED_INVALID_FILE, shared_msccl_xml
 
-RING_XML = str(SHARED_XML / "allgather_ring_8gpu_1ch_1inst.xml")
+
+@pytest.fixture
+def ring_xml(msccl_files):
+    """The hand-built in-place LL128 ring Allgather on 8 ranks, written by support.programs."""
+    return str(msccl_files["ring_allgather_8_ll128.xml"])
 
 
 def run(*args):
     return CliRunner().invoke(main, list(args))
 
 
-def test_json_report_has_the_figures():
-    r = run("simulate", RING_XML, "--topology", "ring-8", "--size", "1MB", "--json")
+def test_json_report_has_the_figures(ring_xml):
+    r = run("simulate", ring_xml, "--topology", "ring-8", "--size", "1MB", "--json")
     assert r.exit_code == 0, r.output
     report = json.loads(r.stdout)
     hop_us = 0.7 + (1 << 17) / 25e3
@@ -32,24 +37,26 @@ def test_json_report_has_the_figures():
     assert "check: valid" in r.stderr and "GB/s" in r.stderr
 
 
-def test_human_summary_goes_to_stderr_only():
-    r = run("simulate", RING_XML, "--topology", "ring-8", "--size", "64KB", "--alpha-occupies")
+def test_human_summary_goes_to_stderr_only(ring_xml):
+    r = run("simulate", ring_xml, "--topology", "ring-8", "--size", "64KB", "--alpha-occupies")
     assert r.exit_code == 0, r.output
     assert r.stdout == ""
     assert "64KB" in r.stderr and "alpha occupies links" in r.stderr
 
 
-def test_trace_file_is_written(tmp_path):
+def test_trace_file_is_written(ring_xml, tmp_path):
     out = tmp_path / "trace.json"
-    r = run("simulate", RING_XML, "--topology", "ring-8", "--trace", str(out))
+    r = run("simulate", ring_xml, "--topology", "ring-8", "--trace", str(out))
     assert r.exit_code == 0, r.output
     doc = json.loads(out.read_text())
     assert any(e["ph"] == "X" and e["cat"] == "link" for e in doc["traceEvents"])
     assert [p.name for p in tmp_path.iterdir()] == ["trace.json"]
 
 
-def test_invalid_program_is_timed_with_a_warning():
-    r = run("simulate", str(SHARED_XML / INVALID_FILE), "--topology", "fully-connected-8", "--json")
+@pytest.mark.parametrize("source,topology", [("project", "ring-4"), ("shared", "fully-connected-8")])
+def test_invalid_program_is_timed_with_a_warning(msccl_files, source, topology):
+    path = msccl_files[programs.INVALID_FILE] if source == "project" else shared_msccl_xml(SHARED_INVALID_FILE)
+    r = run("simulate", str(path), "--topology", topology, "--json")
     assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["valid"] is False
     assert "warning: the program fails its check" in r.stderr
@@ -74,8 +81,8 @@ def test_schedule_json_is_lowered_and_timed(tmp_path):
     (["--topology", "ring-8", "--size", "lots"], "Error: --size: cannot read size 'lots'"),
     (["--topology", "nope"], "Error: --topology: unknown topology 'nope'"),
 ])
-def test_bad_input_is_one_error_line(args, message):
-    r = run("simulate", RING_XML, *args)
+def test_bad_input_is_one_error_line(ring_xml, args, message):
+    r = run("simulate", ring_xml, *args)
     assert r.exit_code == 1
     assert message in r.stderr and "Traceback" not in r.output
     assert r.stderr.strip().splitlines()[-1].startswith("Error: ")

@@ -6,7 +6,7 @@ from synth.errors import BackendError
 
 from backends.msccl.parse import parse_msccl_xml
 from backends.msccl.lowering import lower_to_msccl
-from conftest import DGX1_EVERY_COLLECTIVE
+from support.instances import DGX1_EVERY_COLLECTIVE
 from backends.msccl.writer import emit_verified_xml
 from backends.msccl.interpret import execute_program
 from backends.msccl.lint import lint_program, lint_text

@@ -1,256 +1,25 @@
 """The step-level interpreter: shared reference files, hand-built programs per collective, seeded faults.
 
-The small program builders and the mutation operators defined here are also used by ``test_simulate.py``
-and ``benchmarks/bench_mutants.py``.
+The program builders, mutation operators and fuzzing strategies live in ``tests/support`` (also used by
+``test_simulate.py`` and ``benchmarks/bench_mutants.py``); the third-party files skip when ../shared/data is absent.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import random
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock
+from backends.msccl.ir import Gpu, MscclProgram
 from backends.msccl.interpret import execute_program
-
-SHARED_XML = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
-VALID_FILES = ["allgather_ring_8gpu_1ch_1inst.xml", "simple_allgather_ring_4gpu.xml",
-               "simple_allreduce_ring_8gpu_1inst.xml", "allreduce_a100_allpairs_8gpu_1inst.xml",
-               "alltoall_allpairs_8gpu_1inst.xml", "hierarchical_allreduce_4gpu_2node_1inst.xml",
-               "dgx1_allgather_s2_r3_c2.xml", "dgx1_reducescatter_s2_r3_c2.xml"]
-INVALID_FILE = "allreduce_a100_pcie_hierarchical_8gpu_1inst.xml"
-
-
-def load_shared(name: str) -> MscclProgram:
-    from backends.msccl.parse import load_msccl_xml
-    return load_msccl_xml(SHARED_XML / name)[0]
-
-
-# ----------------------------------------------------------------------------------------------- builders
-# S("rcs", "o2", "o2") is a step; T(send, recv, chan, *steps) a tb; P(...) a program. Step and tb ids are
-# assigned by position, so mutants stay well-formed where the mutation does not say otherwise.
-
-def S(type_: str, src: str = "o0", dst: str = "o0", cnt: int = 1, dep: tuple[int, int] | None = None,
-      hasdep: int = 0) -> Step:
-    depid, deps = dep if dep is not None else (-1, -1)
-    return Step(0, type_, src[0], int(src[1:]), dst[0], int(dst[1:]), cnt, depid, deps, hasdep)
-
-
-def T(send: int, recv: int, chan: int, *steps: Step) -> Threadblock:
-    return Threadblock(0, send, recv, chan, tuple(dataclasses.replace(s, s=k) for k, s in enumerate(steps)))
-
-
-def P(coll: str, gpus: dict, nchunks: int, sizes: tuple[int, int, int], inplace: int = 0,
-      proto: str = "Simple") -> MscclProgram:
-    """``gpus`` maps rank -> list of tbs; ``sizes`` are (i_chunks, o_chunks, s_chunks) for every gpu."""
-    out = []
-    for rank in sorted(gpus):
-        tbs = tuple(dataclasses.replace(tb, id=k) for k, tb in enumerate(gpus[rank]))
-        out.append(Gpu(rank, *sizes, tbs))
-    chans = 1 + max((tb.chan for g in out for tb in g.tbs), default=0)
-    return MscclProgram(f"test_{coll}", proto, chans, nchunks, len(out), coll, inplace, 1 - inplace, 0, 1 << 30,
-                        tuple(out))
-
-
-def ring_allgather(n: int = 4, inplace: bool = True, proto: str = "Simple") -> MscclProgram:
-    """One tb per gpu: send own chunk, forward n-2, receive the last. Out of place: cpy i0 -> o[r] first."""
-    gpus = {}
-    for r in range(n):
-        steps = []
-        if not inplace:
-            steps.append(S("cpy", "i0", f"o{r}"))
-        steps.append(S("s", f"o{r}", f"o{r}"))
-        steps += [S("rcs" if k < n - 1 else "r", f"o{(r - k) % n}", f"o{(r - k) % n}") for k in range(1, n)]
-        gpus[r] = [T((r + 1) % n, (r - 1) % n, 0, *steps)]
-    return P("allgather", gpus, n, (0 if inplace else 1, n, 0), int(inplace), proto)
-
-
-def ring_reducescatter(n: int = 4) -> MscclProgram:
-    """Chunk c ends reduced on rank c: partial sums travel the ring, the last hop reduces into o0."""
-    gpus = {}
-    for r in range(n):
-        steps = [S("s", f"i{(r - 1) % n}", f"i{(r - 1) % n}")]
-        steps += [S("rrs", f"i{(r - k - 1) % n}", f"i{(r - k - 1) % n}") for k in range(1, n - 1)]
-        steps.append(S("rrc", f"i{r}", "o0"))
-        gpus[r] = [T((r + 1) % n, (r - 1) % n, 0, *steps)]
-    return P("reducescatter", gpus, n, (n, 1, 0))
-
-
-def ring_allreduce(n: int = 4) -> MscclProgram:
-    """In-place ring Allreduce: s, rrs x (n-2), rrcs, rcs x (n-2), r."""
-    gpus = {}
-    for r in range(n):
-        types = ["s"] + ["rrs"] * (n - 2) + ["rrcs"] + ["rcs"] * (n - 2) + ["r"]
-        chunks = [(r - k) % n for k in range(n)] + [(r - j) % n for j in range(n - 1)]
-        gpus[r] = [T((r + 1) % n, (r - 1) % n, 0, *(S(ty, f"i{c}", f"i{c}") for ty, c in zip(types, chunks)))]
-    return P("allreduce", gpus, n, (n, 0, 0), inplace=1)
-
-
-def direct_alltoall(n: int = 3) -> MscclProgram:
-    """One tb per peer that sends i[peer] and receives o[peer]; a local cpy for the own block."""
-    gpus = {}
-    for r in range(n):
-        tbs = [T(-1, -1, 0, S("cpy", f"i{r}", f"o{r}"))]
-        tbs += [T(p, p, 0, S("s", f"i{p}", f"o{r}"), S("r", f"i{p}", f"o{p}")) for p in range(n) if p != r]
-        gpus[r] = tbs
-    return P("alltoall", gpus, n, (n, n, 0))
-
-
-def chain_broadcast(n: int = 4) -> MscclProgram:
-    """Root 0 copies its input out (hasdep) and sends it down the chain 0 -> 1 -> ... -> n-1."""
-    gpus = {0: [T(-1, -1, 0, S("cpy", "i0", "o0", hasdep=1)), T(1, -1, 0, S("s", "o0", "o0", dep=(0, 0)))]}
-    for r in range(1, n):
-        kind = "rcs" if r < n - 1 else "r"
-        gpus[r] = [T(r + 1 if r < n - 1 else -1, r - 1, 0, S(kind, "o0", "o0"))]
-    return P("broadcast", gpus, 1, (1, 1, 0))
-
-
-def chain_reduce(n: int = 4) -> MscclProgram:
-    """Partial sums travel n-1 -> ... -> 1 -> 0; the root reduces into o0."""
-    gpus = {n - 1: [T(n - 2, -1, 0, S("s", "i0", "i0"))]}
-    for r in range(n - 2, 0, -1):
-        gpus[r] = [T(r - 1, r + 1, 0, S("rrs", "i0", "i0"))]
-    gpus[0] = [T(-1, 1, 0, S("rrc", "i0", "o0"))]
-    return P("reduce", gpus, 1, (1, 1, 0))
-
-
-def direct_gather(n: int = 3) -> MscclProgram:
-    gpus = {0: [T(-1, -1, 0, S("cpy", "i0", "o0"))] + [T(-1, p, 0, S("r", "i0", f"o{p}")) for p in range(1, n)]}
-    for r in range(1, n):
-        gpus[r] = [T(0, -1, 0, S("s", "i0", f"o{r}"))]
-    return P("gather", gpus, n, (1, n, 0))
-
-
-def direct_scatter(n: int = 3) -> MscclProgram:
-    gpus = {0: [T(-1, -1, 0, S("cpy", "i0", "o0"))] + [T(p, -1, 0, S("s", f"i{p}", "o0")) for p in range(1, n)]}
-    for r in range(1, n):
-        gpus[r] = [T(-1, 0, 0, S("r", f"i{r}", "o0"))]
-    return P("scatter", gpus, n, (n, 1, 0))
-
-
-BUILDERS = {"allgather": ring_allgather, "reducescatter": ring_reducescatter, "allreduce": ring_allreduce,
-            "alltoall": direct_alltoall, "broadcast": chain_broadcast, "reduce": chain_reduce,
-            "gather": direct_gather, "scatter": direct_scatter}
-
-
-# ----------------------------------------------------------------------------------------------- mutations
-
-def replace_step(program: MscclProgram, gpu: int, tb: int, k: int, **changes) -> MscclProgram:
-    return _edit_tb(program, gpu, tb, lambda t: dataclasses.replace(
-        t, steps=t.steps[:k] + (dataclasses.replace(t.steps[k], **changes),) + t.steps[k + 1:]))
-
-
-def replace_tb(program: MscclProgram, gpu: int, tb: int, **changes) -> MscclProgram:
-    return _edit_tb(program, gpu, tb, lambda t: dataclasses.replace(t, **changes))
-
-
-def drop_step(program: MscclProgram, gpu: int, tb: int, k: int) -> MscclProgram:
-    return _edit_tb(program, gpu, tb, lambda t: _renumber(t, t.steps[:k] + t.steps[k + 1:]))
-
-
-def swap_steps(program: MscclProgram, gpu: int, tb: int, a: int, b: int) -> MscclProgram:
-    def swap(t):
-        steps = list(t.steps)
-        steps[a], steps[b] = steps[b], steps[a]
-        return _renumber(t, tuple(steps))
-    return _edit_tb(program, gpu, tb, swap)
-
-
-def _renumber(tb: Threadblock, steps) -> Threadblock:
-    return dataclasses.replace(tb, steps=tuple(dataclasses.replace(s, s=k) for k, s in enumerate(steps)))
-
-
-def _edit_tb(program: MscclProgram, gpu: int, tb: int, edit) -> MscclProgram:
-    gpus = []
-    for g in program.gpus:
-        if g.id == gpu:
-            g = dataclasses.replace(g, tbs=tuple(edit(t) if t.id == tb else t for t in g.tbs))
-        gpus.append(g)
-    return dataclasses.replace(program, gpus=tuple(gpus))
-
-
-READS_SRC = ("s", "rrs", "rrc", "rrcs", "cpy", "re")
-WRITES_DST = ("r", "rcs", "rrc", "rrcs", "cpy", "re")
-RECEIVES = ("r", "rcs", "rrs", "rrc", "rrcs")
-
-
-def random_mutant(program: MscclProgram, rng: random.Random) -> tuple[str, MscclProgram] | None:
-    """One seeded random fault: drop/swap a step, change a peer, offset, cnt, depid or hasdep."""
-    sites = [(g.id, tb.id, k, tb) for g in program.gpus for tb in g.tbs for k in range(len(tb.steps))]
-    if not sites:
-        return None
-    gpu, tb_id, k, tb = rng.choice(sites)
-    step = tb.steps[k]
-    op = rng.choice(["drop", "swap", "peer", "offset", "cnt", "depid", "hasdep", "recv-first"])
-    if op == "recv-first":
-        return _both_receive_first(program, gpu, tb)
-    if op == "drop":
-        return op, drop_step(program, gpu, tb_id, k)
-    if op == "swap":
-        if len(tb.steps) < 2:
-            return None
-        other = rng.choice([j for j in range(len(tb.steps)) if j != k])
-        return op, swap_steps(program, gpu, tb_id, k, other)
-    if op == "peer":
-        field_name = rng.choice([f for f in ("send", "recv") if getattr(tb, f) >= 0] or ["send"])
-        choices = [p for p in range(program.ngpus) if p not in (gpu, getattr(tb, field_name))]
-        return (op, replace_tb(program, gpu, tb_id, **{field_name: rng.choice(choices)})) if choices else None
-    if op == "offset":  # only offsets the step uses: a receive ignores srcoff, a send dstoff
-        used = [f for f, kinds_ in (("srcoff", READS_SRC), ("dstoff", WRITES_DST)) if step.type in kinds_]
-        if not used:
-            return None
-        field_name = rng.choice(used)
-        return op, replace_step(program, gpu, tb_id, k, **{field_name: getattr(step, field_name) + rng.choice([-1, 1])})
-    if op == "cnt":
-        if step.type == "nop":
-            return None
-        return op, replace_step(program, gpu, tb_id, k, cnt=step.cnt + rng.choice([-1, 1]) if step.cnt > 1 else 2)
-    if op == "depid":
-        others = [t.id for g in program.gpus if g.id == gpu for t in g.tbs if t.id not in (tb_id, step.depid)]
-        if not others:
-            return None
-        return op, replace_step(program, gpu, tb_id, k, depid=rng.choice(others), deps=max(step.deps, 0))
-    if not step.hasdep:
-        return None
-    return op, replace_step(program, gpu, tb_id, k, hasdep=0)
-
-
-def _both_receive_first(program: MscclProgram, gpu: int, tb: Threadblock):
-    """Move the first receive to the front in ``tb`` and in its peer's tb on the same channel."""
-    peer = next((t for g in program.gpus if g.id == tb.send for t in g.tbs
-                 if t.recv == gpu and t.chan == tb.chan), None)
-    if peer is None or tb.recv != tb.send:
-        return None
-    for g, t in ((gpu, tb), (tb.send, peer)):
-        first = next((k for k, s in enumerate(t.steps) if s.type in RECEIVES), None)
-        if first is None:
-            return None
-        program = _edit_tb(program, g, t.id, lambda x, first=first: _renumber(
-            x, (x.steps[first],) + x.steps[:first] + x.steps[first + 1:]))
-    return "recv-first", program
-
-
-def mutant_sweep(programs: list[MscclProgram], count: int, seed: int = 0) -> dict:
-    """Run ``count`` seeded random mutants of ``programs``; return how many the interpreter rejects, per operator."""
-    rng = random.Random(seed)
-    per_op: dict = {}
-    made = 0
-    while made < count:
-        out = random_mutant(rng.choice(programs), rng)
-        if out is None:
-            continue
-        op, mutant = out
-        made += 1
-        caught = not execute_program(mutant).ok
-        total, hit = per_op.get(op, (0, 0))
-        per_op[op] = (total + 1, hit + caught)
-    caught = sum(h for _, h in per_op.values())
-    return {"mutants": made, "caught": caught, "share": caught / made, "per_operator": per_op}
+from support.mutants import drop_step, mutant_sweep, replace_step, replace_tb, swap_steps
+from support.programs import (BUILDERS, P, S, T, chain_broadcast, chain_reduce, direct_alltoall, ring_allgather,
+                              ring_allreduce)
+from support.shared import INVALID_FILE, VALID_FILES, load_shared
+from support.strategies import TB_STRATEGY
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -477,15 +246,6 @@ def test_seeded_mutant_sweep_catches_most_faults():
 
 
 # ----------------------------------------------------------------------------------------------- fuzzing
-
-STEP_STRATEGY = st.builds(Step, s=st.just(0), type=st.sampled_from(["s", "r", "rcs", "rrs", "rrc", "rrcs", "cpy", "re", "nop",
-                                                             "bad"]),
-                  srcbuf=st.sampled_from("ios"), srcoff=st.integers(-2, 5), dstbuf=st.sampled_from("iosx"),
-                  dstoff=st.integers(-2, 5), cnt=st.integers(-1, 3), depid=st.integers(-1, 3),
-                  deps=st.integers(-2, 4), hasdep=st.integers(0, 1))
-TB_STRATEGY = st.builds(Threadblock, id=st.just(0), send=st.integers(-1, 3), recv=st.integers(-1, 3), chan=st.integers(0, 1),
-                steps=st.lists(STEP_STRATEGY, max_size=5).map(tuple))
-
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.lists(TB_STRATEGY, max_size=3), min_size=2, max_size=3),

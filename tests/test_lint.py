@@ -2,7 +2,6 @@
 
 import re
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -13,10 +12,9 @@ from backends.msccl.parse import parse_msccl_xml
 from synth.errors import InputError
 from backends.msccl.findings import Finding
 from backends.msccl.lint import (MAX_FINDINGS_PER_KIND, blocks_execution, for_target, lint_program, lint_text)
+from support.shared import ALL_FILES, needs_shared, shared_msccl_xml
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/msccl-xml not beside the clone")
-SHARED_NAMES = sorted(p.name for p in SHARED.glob("*.xml")) if SHARED.is_dir() else []
+SHARED_NAMES = ALL_FILES
 
 
 def ring_allgather(n: int = 2, **algo) -> MscclProgram:
@@ -375,7 +373,7 @@ def test_lexical_rules_accept_our_own_style():
 @needs_shared
 @pytest.mark.parametrize("name", SHARED_NAMES)
 def test_shared_files_lack_executor_attributes(name):
-    text = (SHARED / name).read_text()
+    text = shared_msccl_xml(name).read_text()
     program = parse_msccl_xml(text, name)[0]
     executor = lint_program(program, "executor")
     missing = only(executor, "algo-attributes")
@@ -387,7 +385,7 @@ def test_shared_files_lack_executor_attributes(name):
 
 @needs_shared
 def test_mutated_shared_file_reports_line_and_location():
-    text = (SHARED / "simple_allgather_ring_4gpu.xml").read_text()
+    text = shared_msccl_xml("simple_allgather_ring_4gpu.xml").read_text()
     lines = text.split("\n")
     target = next(k for k, line in enumerate(lines) if '<tb id="3" send="2" recv="0"' in line)
     lines[target] = lines[target].replace('chan="0"', 'chan="7"')
@@ -398,7 +396,7 @@ def test_mutated_shared_file_reports_line_and_location():
 
 @needs_shared
 def test_mutated_shared_dependency_on_a_silent_step():
-    text = (SHARED / "dgx1_reducescatter_s2_r3_c2.xml").read_text()
+    text = shared_msccl_xml("dgx1_reducescatter_s2_r3_c2.xml").read_text()
     # gpu 0 tb 0 step 0 waits for tb 2 step 0; silence every step of gpu 0's tb 2
     head, rest = text.split('<tb id="2"', 1)
     tb_text, tail = rest.split("</tb>", 1)

@@ -2,7 +2,6 @@
 
 import re
 import time
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -12,9 +11,8 @@ from backends.msccl.parse import (MAX_GPUS, XmlError, load_msccl_document, load_
                                   parse_msccl_xml)
 from synth.errors import InputError
 from backends.msccl.lint import lint_program, lint_text
+from support.shared import needs_shared, shared_msccl_xml
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/msccl-xml not beside the clone")
 
 # file -> (ngpus, coll, inplace, nchannels, threadblocks, steps), counted independently with grep.
 SHARED_FILES = {
@@ -50,7 +48,7 @@ def tiny_xml(extra: str = "", step_type: str = "s", inner: str = "") -> str:
 
 
 def shared_text(name: str) -> str:
-    return (SHARED / name).read_text()
+    return shared_msccl_xml(name).read_text()
 
 
 # --- real files -------------------------------------------------------------------------------------------
@@ -59,7 +57,7 @@ def shared_text(name: str) -> str:
 @pytest.mark.parametrize("name", sorted(SHARED_FILES))
 def test_shared_file_parses_with_expected_shape(name):
     ngpus, coll, inplace, nchannels, tbs, steps = SHARED_FILES[name]
-    programs = load_msccl_xml(SHARED / name)
+    programs = load_msccl_xml(shared_msccl_xml(name))
     assert len(programs) == 1
     p = programs[0]
     assert (p.ngpus, p.coll, p.inplace, p.nchannels) == (ngpus, coll, inplace, nchannels)

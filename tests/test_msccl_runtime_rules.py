@@ -5,9 +5,9 @@ from dataclasses import replace
 
 import pytest
 
+from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock
 from backends.msccl.lint import lint_program
 from backends.msccl.verdict import check_text
-from test_lint import edit_step, ring_allgather
 
 STEP = ('      <step s="{s}" type="{type}" srcbuf="{sb}" srcoff="{so}" dstbuf="{db}" dstoff="{do}" cnt="1" depid="-1" '
         'deps="-1" hasdep="0"/>\n')
@@ -24,6 +24,18 @@ def pair_allgather(algo: str = 'minBytes="0" maxBytes="1073741824"', i_chunks: i
                     f'    <tb id="0" send="{1 - r}" recv="{1 - r}" chan="0">\n{steps}    </tb>\n  </gpu>\n')
     return (f'<algo {extra}name="pair" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="{coll}" '
             f'inplace="1" outofplace="0" {algo}>\n' + "".join(gpus) + "</algo>\n")
+
+
+def copy_then_exchange(s_of_copy: int = 0) -> MscclProgram:
+    """Out-of-place 2-rank Allgather: tb 0 copies i[0] to o[r] and publishes; tb 1 waits for it, sends o[r] and
+    receives the peer's chunk."""
+    gpus = []
+    for r in range(2):
+        copy = Threadblock(0, -1, -1, 0, (Step(s_of_copy, "cpy", "i", 0, "o", r, 1, hasdep=1),))
+        swap = Threadblock(1, 1 - r, 1 - r, 0, (Step(0, "s", "o", r, "o", r, 1, 0, 0),
+                                                Step(1, "r", "o", 1 - r, "o", 1 - r, 1)))
+        gpus.append(Gpu(r, 1, 2, 0, (copy, swap)))
+    return MscclProgram("dep", "Simple", 1, 2, 2, "allgather", 0, 1, 0, 1 << 30, tuple(gpus))
 
 
 def verdict(text: str, target: str):
@@ -99,12 +111,13 @@ def test_s_out_of_order_is_accepted_unless_a_dependency_names_the_tb():
         valid, _, warnings = verdict(text, target)
         assert valid and any("s=7 but the step is at position 1; the runtimes ignore it" in w for w in warnings)
         # tb 0 of gpu 0 publishes a flag tb 1 waits for: its steps are named by position
-        named = [f for f in lint_program(edit_step(ring_allgather(), 0, 0, 0, s=3), target) if f.severity == "error"]
-        assert [f.kind for f in named] == ["step-index"] and "dependencies name steps of this tb" in named[0].message
+        assert lint_program(copy_then_exchange(), target) == []
+        named = [f for f in lint_program(copy_then_exchange(s_of_copy=3), target) if f.severity == "error"]
+        assert [f.kind for f in named] == ["step-index"] * 2 and "dependencies name steps of this tb" in named[0].message
 
 
 def test_legacy_serves_in_place_calls_only_from_an_in_place_file():
-    both = replace(ring_allgather(), inplace=1, outofplace=1)
+    both = replace(copy_then_exchange(), inplace=1, outofplace=1)
     assert [f for f in lint_program(both, "executor") if f.kind == "selection"] == []
     [warning] = [f for f in lint_program(both, "legacy") if f.kind == "selection"]
     assert warning.severity == "warning" and "in-place calls only" in warning.message

@@ -51,7 +51,7 @@ def test_sends_and_receives_name_the_other_end_as_msccl_tools_does(dgx1, coll):
     receive's source fields are where the send reads (what MSCCL-XML-Verifier matches)."""
     from collections import defaultdict
     from backends.msccl.ir import STEP_TYPES
-    from conftest import DGX1_EVERY_COLLECTIVE
+    from support.instances import DGX1_EVERY_COLLECTIVE
     [(S, R, C)] = [(s, r, c) for name, s, r, c in DGX1_EVERY_COLLECTIVE if name == coll]
     schedule = synthesize_steps(dgx1, coll, S, R, C).schedule
     [program] = parse_msccl_xml(emit_verified_xml(schedule, dgx1, "executor").text, "x.xml")

@@ -9,7 +9,7 @@ from backends.msccl.lint import for_target
 from backends.msccl.limits import MAX_STEPS_EXECUTOR, runtime_limits
 from backends.msccl.lowering import lower_to_msccl, render_msccl_xml
 from backends.msccl.writer import emit_verified_xml
-from conftest import DGX1_EVERY_COLLECTIVE
+from support.instances import DGX1_EVERY_COLLECTIVE
 from synth.errors import BackendError
 from synth.synthesis.steps import synthesize_steps
 

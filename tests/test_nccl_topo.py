@@ -173,14 +173,14 @@ def test_solve_on_imported_dgx1_dump_matches_the_builtin(dgx1):
     times scale by exactly 25/20 at large sizes.
     """
     from synth.model.collectives import make_collective
-    from synth.formulations.steps import symmetry_for
+    from synth.model.symmetry import symmetry_for_collective
     from synth.errors import InfeasibleError
     from synth.schedule.replay import verify
     from synth.synthesis.steps import synthesize_steps
 
     imported = topology_from_dict(import_nccl_dumps([DATA / "dgx1_v100.xml"]), "dgx1_v100.xml")
     coll = make_collective("allgather", 8, 6)
-    assert len(symmetry_for(imported, coll)[0]) == len(symmetry_for(dgx1, coll)[0]) == 4
+    assert symmetry_for_collective(imported, coll).order == symmetry_for_collective(dgx1, coll).order == 4
     for S, R, C in ((2, 3, 2), (3, 7, 6)):
         a = synthesize_steps(imported, "allgather", S, R, C).schedule
         b = synthesize_steps(dgx1, "allgather", S, R, C).schedule

@@ -3,9 +3,7 @@
 Needs PyTorch (the ``torch`` extra). Without it the torch-backed tests fail, on purpose, with the install hint.
 """
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -15,15 +13,9 @@ from synth.cli import main
 from synth.errors import InputError, VerificationError
 from synth.runtime.run_plan import plan_program
 from synth.runtime.torch_run import raise_on_failure, run_msccl_file, run_msccl_programs
+from support.extras import need_torch
+from support.shared import ALL_FILES, INVALID_FILE, shared_msccl_xml
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "msccl-xml"
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
-
-
-def need_torch():
-    if not HAVE_TORCH:
-        pytest.fail("PyTorch is not installed, so synth run cannot be tested: install the extra with "
-                    "pip install -e '.[torch]'")
 
 
 def st(s, type_, srcbuf="i", srcoff=0, dstbuf="o", dstoff=0, cnt=1, depid=-1, deps=-1, hasdep=0):
@@ -109,7 +101,7 @@ def test_dependency_on_a_flag_nobody_publishes_is_refused():
 
 def test_shared_files_plan_cleanly():
     from backends.msccl.parse import load_msccl_xml
-    for path in sorted(SHARED.glob("*.xml")):
+    for path in map(shared_msccl_xml, ALL_FILES):
         for p in load_msccl_xml(path):
             plan = plan_program(p, p.ngpus, str(path))
             assert plan.messages > 0
@@ -129,14 +121,14 @@ def test_missing_torch_gives_the_install_hint(monkeypatch):
                                   "dgx1_reducescatter_s2_r3_c2.xml"])         # rrc, legacy reduce_scatter
 def test_valid_shared_files_run_on_8_processes(name):
     need_torch()
-    (report,) = run_msccl_file(SHARED / name, 8, timeout_s=30)
+    (report,) = run_msccl_file(shared_msccl_xml(name), 8, timeout_s=30)
     assert report.ok, report.problems
     assert report.nprocs == 8 and report.messages > 0
 
 
 def test_invalid_shared_file_fails_naming_rank_and_chunk():
     need_torch()
-    path = SHARED / "allreduce_a100_pcie_hierarchical_8gpu_1inst.xml"
+    path = shared_msccl_xml(INVALID_FILE)
     result = CliRunner().invoke(main, ["run", str(path), "--nprocs", "8", "--timeout", "30"])
     assert result.exit_code == 1
     error = [line for line in result.output.splitlines() if line.startswith("Error: ")]
@@ -164,12 +156,12 @@ def test_receive_first_deadlock_is_reported_with_rank_tb_and_step():
     assert any("tb 1 step 0 (r)" in p and "rank" in p for p in report.problems), report.problems
 
 
-def test_cli_run_json(tmp_path):
+def test_cli_run_json(msccl_files):
     need_torch()
-    result = CliRunner().invoke(main, ["run", str(SHARED / "simple_allgather_ring_4gpu.xml"), "--json"])
+    result = CliRunner().invoke(main, ["run", str(msccl_files["legacy_ring_allgather_ring-8.xml"]), "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output[result.output.index("["):])
-    assert data[0]["ok"] and data[0]["collective"] == "allgather" and data[0]["nprocs"] == 4
+    assert data[0]["ok"] and data[0]["collective"] == "allgather" and data[0]["nprocs"] == 8
 
 
 @pytest.mark.parametrize("coll,S,R,C", [("allgather", 2, 3, 2), ("allreduce", 4, 6, 2)])

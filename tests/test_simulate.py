@@ -15,8 +15,10 @@ from backends.msccl.ir import Gpu, MscclProgram
 from synth.errors import InputError, SynthError, VerificationError
 from backends.msccl.simulate import TraceEvent, simulate_program, trace_document, write_trace
 from synth.model.topology import load_topology, topology_from_dict
-from test_interpret import (TB_STRATEGY, P, S, T, load_shared, replace_tb, ring_allgather, ring_allreduce,
-                            swap_steps)
+from support.mutants import replace_tb, swap_steps
+from support.programs import P, S, T, ring_allgather, ring_allreduce
+from support.shared import load_shared
+from support.strategies import TB_STRATEGY
 
 BW_BYTES_PER_US = 25.0 * 1e3   # ring-N and fully-connected-N: 25 GB/s
 ALPHA_US = 0.7

@@ -6,7 +6,8 @@ import jsonschema
 import pytest
 
 from synth.errors import InputError
-from synth.model.topology import builtin_names, free_symmetry_group, load_topology
+from synth.model.symmetry import free_symmetry_group
+from synth.model.topology import builtin_names, load_topology
 
 
 def test_dgx1_has_sccl_matrix():

@@ -89,6 +89,8 @@ def _plan_ops(schedule: Schedule, fuse: bool):
     for t in ordered:
         recvs_at[(t.dst, t.chunk)].append(t)
         sends_at[(t.src, t.chunk)].append(t)
+    for recvs in recvs_at.values():  # in the order their ops run (see _position), whatever the start times
+        recvs.sort(key=lambda t: (t.step, t.src))
 
     fused_with: dict[Transfer, Transfer] = {}   # send -> the receive it is fused into
     if fuse:

@@ -366,11 +366,22 @@ def import_nccl_dumps(paths: list, name: str | None = None) -> dict:
 
     Examples
     --------
+    A one-node dump with two GPUs on PCIe Gen4 x16 behind one CPU:
+
+    >>> import tempfile
     >>> from pathlib import Path
     >>> from synth.model.topology import topology_from_dict
-    >>> raw = import_nccl_dumps([Path("tests/data/nccl/pcie_4gpu.xml")])  # doctest: +SKIP
-    >>> topology_from_dict(raw).num_ranks  # doctest: +SKIP
-    4
+    >>> gpu = ('<pci busid="0000:{0}1:00.0" class="0x030200" link_speed="16.0 GT/s PCIe" link_width="16">'
+    ...        '<gpu dev="{0}" sm="86" rank="{0}"/></pci>')
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     dump = Path(folder) / "pcie_2gpu.xml"
+    ...     text = '<system version="1"><cpu numaid="0">' + gpu.format(0) + gpu.format(1) + "</cpu></system>"
+    ...     _ = dump.write_text(text)
+    ...     raw = import_nccl_dumps([dump])
+    >>> raw["name"], topology_from_dict(raw).num_ranks
+    ('pcie_2gpu', 2)
+    >>> [(link["src"], link["dst"], link["bw_GBps"]) for link in raw["links"]]
+    [(0, 1, 24.0), (1, 0, 24.0)]
     """
     paths = [Path(p) for p in paths]
     if not paths:

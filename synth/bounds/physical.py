@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from types import MappingProxyType
 
 import networkx as nx
 import numpy as np
@@ -48,6 +49,8 @@ from synth.model.collectives import make_collective, normalize_name
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.errors import InputError, SolverError
 from synth.solver.highs import INFEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
+from synth.model.symmetry import rank_orbit_reps
+from synth.schedule.transforms import CONCATENATION_PARTS, REVERSAL_DUAL
 from synth.model.topology import Topology
 
 _SOURCE = "super-source"
@@ -134,30 +137,43 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
 
 def bandwidth_bound_us(collective_name: str, topology: Topology, size_bytes: float,
                        root: int | None = None) -> tuple[float, str]:
-    """The bandwidth bound alone, microseconds, and a short description of how it was computed."""
+    """The bandwidth bound alone, microseconds, and a short description of how it was computed.
+
+    A concatenation (Allreduce) needs the sum of its parts' times; a reduction collective (and Gather) the
+    time of its dual (:data:`synth.schedule.transforms.REVERSAL_DUAL`; Gather: Scatter) on the reversed network.
+    """
     name = normalize_name(collective_name)
     n = topology.num_ranks
     root = 0 if root is None else root
     net = flow_network(topology)
-    sym = topology.symmetries
+    parts = CONCATENATION_PARTS.get(name)
+    if parts:
+        units = sum(_flow_units(p, net, n, topology.symmetries, root)[0] for p in parts)
+        labels = " + ".join(_PART_LABELS.get(p, p) for p in parts)
+        return _shards_time(units, size_bytes / n), f"max-flow ({labels})"
+    units, per_shard, method = _flow_units(name, net, n, topology.symmetries, root)
+    return _shards_time(units, size_bytes / n if per_shard else size_bytes), method
+
+
+# Collectives whose flow bound is their dual's on the reversed network: the reductions, and Gather (Scatter's).
+_REVERSED_FLOW = MappingProxyType({**REVERSAL_DUAL, "gather": "scatter"})
+_PART_LABELS = MappingProxyType({"reducescatter": "reduce-scatter"})
+
+
+def _flow_units(name: str, net: nx.DiGraph, n: int, symmetries, root: int) -> tuple[float, bool, str]:
+    """``(units, per_shard, method)``: the time in units of (data unit / GB/s), where a data unit is a shard
+    (size / n) when ``per_shard`` else the whole buffer."""
+    dual = _REVERSED_FLOW.get(name)
+    if dual is not None:
+        units, per_shard, _ = _flow_units(dual, net.reverse(copy=True), n, symmetries, root)
+        return units, per_shard, "max-flow (reversed)"
     if name == "allgather":
-        return _shards_time(allgather_units(net, n, sym), size_bytes / n), "max-flow"
-    if name == "reducescatter":
-        return _shards_time(allgather_units(net.reverse(copy=True), n, sym), size_bytes / n), \
-            "max-flow (reversed)"
-    if name == "allreduce":
-        units = allgather_units(net, n, sym) + allgather_units(net.reverse(copy=True), n, sym)
-        return _shards_time(units, size_bytes / n), "max-flow (reduce-scatter + allgather)"
+        return allgather_units(net, n, symmetries), True, "max-flow"
     if name == "broadcast":
-        return _shards_time(broadcast_units(net, n, root), size_bytes), "max-flow"
-    if name == "reduce":
-        return _shards_time(broadcast_units(net.reverse(copy=True), n, root), size_bytes), "max-flow (reversed)"
+        return broadcast_units(net, n, root), False, "max-flow"
     if name == "scatter":
-        return _shards_time(scatter_units(net, n, root), size_bytes / n), "max-flow"
-    if name == "gather":
-        return _shards_time(scatter_units(net.reverse(copy=True), n, root), size_bytes / n), \
-            "max-flow (reversed)"
-    return _shards_time(alltoall_units(net, n), size_bytes / n), "concurrent-flow LP"
+        return scatter_units(net, n, root), True, "max-flow"
+    return alltoall_units(net, n), True, "concurrent-flow LP"
 
 
 def _shards_time(units: float, unit_bytes: float) -> float:
@@ -209,24 +225,6 @@ def _add_capacity(g: nx.DiGraph, u, v, slope_GBps: float) -> None:
         g.add_edge(u, v, slope=slope_GBps)
 
 
-def _rank_orbits(n: int, symmetries) -> list[int]:
-    """One representative rank per orbit of the declared symmetries (all ranks when there are none)."""
-    parent = list(range(n))
-
-    def find(x):
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for perm in symmetries:
-        for r in range(n):
-            a, b = find(r), find(perm[r])
-            if a != b:
-                parent[max(a, b)] = min(a, b)
-    return sorted({find(r) for r in range(n)})
-
-
 def _parametric_time(net: nx.DiGraph, supplies: dict, sink, demand: float) -> float:
     """Smallest T such that the super-source can push ``demand`` into ``sink`` when capacitated edges carry
     ``T * slope`` and the super-source edge into node v carries ``supplies[v]``.
@@ -272,7 +270,7 @@ def _cut_line(g: nx.DiGraph, side: set) -> tuple[float, float]:
 def allgather_units(net: nx.DiGraph, n: int, symmetries=()) -> float:
     """Allgather time in units of (shard / GB/s): every rank receives all ``n`` shards."""
     supplies = {r: 1.0 for r in range(n)}
-    sinks = _rank_orbits(n, symmetries)
+    sinks = rank_orbit_reps(n, symmetries)
     return max(_parametric_time(net, supplies, t, float(n)) for t in sinks)
 
 

@@ -31,9 +31,8 @@ import numpy as np
 from synth.model.collectives import Collective, make_collective, normalize_name
 from synth.formulations.steps import _port_caps
 from synth.solver.highs import OPTIMAL, Model, RowBuilder, SolverOptions, solve_model
-from synth.model.topology import Topology, reverse_topology
-
-_DUAL = {"reducescatter": "allgather", "reduce": "broadcast"}
+from synth.model.topology import Topology
+from synth.schedule.transforms import CollectiveProblem, Concatenation, Reversal, reduction_for
 
 
 def rounds_per_chunk_bound(topology: Topology, collective_name: str, root: int | None = None) -> float:
@@ -53,12 +52,15 @@ def rounds_per_chunk_bound(topology: Topology, collective_name: str, root: int |
         The LP optimum; compare ratios against it with a small tolerance (it is a float).
     """
     name = normalize_name(collective_name)
-    if name == "allreduce":
-        return 2.0 * max(rounds_per_chunk_bound(topology, "reducescatter"),
-                         rounds_per_chunk_bound(topology, "allgather"))
-    dual = _DUAL.get(name)
-    topo = reverse_topology(topology) if dual else topology
-    coll = make_collective(dual or name, topology.num_ranks, 1, root)
+    problem = CollectiveProblem(topology, name, root)
+    reduction = reduction_for(problem)
+    if isinstance(reduction, Concatenation):  # every part gets the same share of the rounds
+        parts = reduction.apply()
+        return len(parts) * max(rounds_per_chunk_bound(p.topology, p.collective, p.root) for p in parts)
+    if isinstance(reduction, Reversal):
+        (problem,) = reduction.apply()
+    topo = problem.topology
+    coll = make_collective(problem.collective, topology.num_ranks, 1, problem.root)
     best = max((_min_rounds(topo, [demand]) for demand in _per_destination(coll)), default=0.0)
     if all(len(c.dest_ranks - c.sources) <= 1 for c in coll.chunks):
         best = max(best, _min_rounds(topo, _per_source(coll)))

@@ -6,7 +6,8 @@ import json
 
 import click
 
-from synth.model.topology import builtin_names, free_symmetry_group, load_topology
+from synth.model.symmetry import free_symmetry_group
+from synth.model.topology import builtin_names, load_topology
 from synth.cli._common import SynthGroup
 
 

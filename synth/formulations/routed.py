@@ -133,7 +133,7 @@ def encode_routed(problem: AlphaBetaProblem, start: Routes, pieces: int = 1, z_l
     t_col = z_col + 1
     per_link, res_bw = resource_keys(topo)
     uc_min = problem.sketch.switch_strategy == "uc-min"
-    link_orbit = _link_orbits(problem)
+    link_orbit = {i: int(r) for i, r in enumerate(problem.symmetry.link_orbit_reps(topo))}
     y_index = {}
     if uc_min:
         for li in sorted({link_orbit[l] for l in x_link if topo.links[l].switch is not None}):
@@ -231,10 +231,10 @@ def encode_routed(problem: AlphaBetaProblem, start: Routes, pieces: int = 1, z_l
 
     # ---- loads: one row per resource orbit, all images counted
     nbytes = problem.chunk_bytes
-    res_rep = _resource_orbit_reps(problem, per_link)
+    res_rep = problem.symmetry.resource_orbit_reps(topo, per_link)
     row_of: dict = {}
     r_ent, c_ent, v_ent = [], [], []
-    images = np.array([[topo.link_index[(p[l.src], p[l.dst])] for l in topo.links] for p in problem.group])
+    images = problem.symmetry.link_images(topo)
     for k in range(nx_):
         for img in images[:, x_link[k]]:
             for key in per_link[img]:
@@ -264,7 +264,7 @@ def encode_routed(problem: AlphaBetaProblem, start: Routes, pieces: int = 1, z_l
 
     rows, cols, vals, row_lo, row_hi = rb.arrays()
     cost = np.zeros(ncols)
-    cost[:nx_] = TRAFFIC_WEIGHT * beta[x_link] * len(problem.group)
+    cost[:nx_] = TRAFFIC_WEIGHT * beta[x_link] * problem.symmetry.order
     cost[z_col] = 1.0
     cost[t_col] = 1.0
     orbit_size = defaultdict(int)
@@ -290,26 +290,6 @@ def encode_routed(problem: AlphaBetaProblem, start: Routes, pieces: int = 1, z_l
     model = Model(cost, col_lower, col_upper, integer, rows, cols, vals, row_lo, row_hi, names)
     x0[z_col] = max(x0[z_col], col_lower[z_col])
     return RoutedEncoding(model, problem, pieces, x_chunk, x_link, z_col, t_col, horizon, x0)
-
-
-def _link_orbits(problem: AlphaBetaProblem) -> dict[int, int]:
-    topo = problem.topology
-    out = {}
-    for i, l in enumerate(topo.links):
-        out[i] = min(topo.link_index[(p[l.src], p[l.dst])] for p in problem.group)
-    return out
-
-
-def _resource_orbit_reps(problem: AlphaBetaProblem, per_link) -> dict:
-    """Representative of every resource (link or switch port direction) under the symmetry group."""
-    topo = problem.topology
-    rep: dict = {}
-    for i, keys in enumerate(per_link):
-        imgs = [topo.link_index[(p[topo.links[i].src], p[topo.links[i].dst])] for p in problem.group]
-        for pos, key in enumerate(keys):
-            candidates = [per_link[j][pos] for j in imgs]
-            rep[key] = min(candidates, key=repr)
-    return rep
 
 
 def decode_routed(enc: RoutedEncoding, result: SolveResult) -> Routes:

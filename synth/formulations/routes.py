@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from synth.model.collectives import Collective, chunk_permutation
+from synth.model.collectives import Collective
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.errors import InfeasibleError
 from synth.schedule.ir import Schedule
 from synth.model.sketch import InterNode, IntraNode, Sketch, relay_mask, unrestricted
-from synth.model.topology import Topology, free_symmetry_group, group_closure
+from synth.model.symmetry import SymmetryGroup, free_symmetry_group, group_closure, symmetry_for_collective
+from synth.model.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,8 @@ class AlphaBetaProblem:
     """One non-combining collective to synthesize under the alpha-beta model.
 
     ``mask[c, l]`` says whether chunk ``c`` may use link ``l`` (sketch and relays applied, links into the
-    chunk's own sources removed). ``group``/``chunk_maps`` is a rank-permutation group acting freely on chunks
-    that preserves topology, collective and mask (identity first); ``reps`` holds one chunk per orbit.
+    chunk's own sources removed). ``symmetry`` is a rank-permutation group acting freely on chunks that
+    preserves topology, collective and mask (identity first); ``reps`` holds one chunk per orbit.
     """
 
     topology: Topology
@@ -38,8 +39,7 @@ class AlphaBetaProblem:
     size_bytes: float
     sketch: Sketch
     mask: np.ndarray = field(repr=False)
-    group: tuple[tuple[int, ...], ...]
-    chunk_maps: tuple[tuple[int, ...], ...]
+    symmetry: SymmetryGroup
     reps: tuple[int, ...]
 
     @property
@@ -77,40 +77,14 @@ def make_problem(topology: Topology, collective: Collective, size_bytes: float, 
             if link.dst in c.sources:
                 mask[c.id, i] = False
     _check_reachable(topology, collective, mask, sketch)
-    n = topology.num_ranks
-    identity = tuple(range(n))
-    group, maps = [identity], [tuple(range(len(collective.chunks)))]
     if use_symmetry:
         # a declared group too large to enumerate (None) just means: no symmetry reduction
         candidates = (group_closure(list(sketch.symmetry)) or []) if sketch.symmetry else \
             free_symmetry_group(topology)
-        for perm in candidates:
-            if perm == identity:
-                continue
-            cmap = chunk_permutation(collective, perm)
-            if cmap is None or any(cmap[c] == c for c in range(len(cmap))):
-                continue
-            images = [topology.link_index[(perm[l.src], perm[l.dst])] for l in topology.links]
-            if not np.array_equal(mask[np.array(cmap)][:, images], mask):
-                continue
-            group.append(perm)
-            maps.append(tuple(cmap))
-        if not _is_group(group):
-            group, maps = [identity], [maps[0]]
-    reps = []
-    seen = set()
-    for c in collective.chunks:
-        if c.id in seen:
-            continue
-        reps.append(c.id)
-        seen.update(m[c.id] for m in maps)
-    return AlphaBetaProblem(topology, collective, size_bytes, sketch, mask, tuple(group), tuple(maps), tuple(reps))
-
-
-def _is_group(perms) -> bool:
-    members = set(perms)
-    n = len(perms[0])
-    return all(tuple(b[a[i]] for i in range(n)) in members for a in perms for b in perms)
+        symmetry = symmetry_for_collective(topology, collective, candidates, link_mask=mask)
+    else:
+        symmetry = SymmetryGroup.trivial(topology.num_ranks, len(collective.chunks))
+    return AlphaBetaProblem(topology, collective, size_bytes, sketch, mask, symmetry, symmetry.chunk_orbit_reps())
 
 
 def _reachable(topology: Topology, allowed: np.ndarray, sources) -> set[int]:
@@ -183,13 +157,7 @@ class Routes:
 
 def expand_symmetric(problem: AlphaBetaProblem, rep_routes: dict[int, tuple[int, ...]]) -> Routes:
     """Routes for every chunk from the representatives' routes and the symmetry group."""
-    topo = problem.topology
-    out: list[tuple[int, ...] | None] = [None] * len(problem.collective.chunks)
-    for c, route in rep_routes.items():
-        for perm, cmap in zip(problem.group, problem.chunk_maps):
-            out[cmap[c]] = tuple(topo.link_index[(perm[topo.links[li].src], perm[topo.links[li].dst])]
-                                 for li in route)
-    return Routes(tuple(r if r is not None else () for r in out))
+    return Routes(tuple(problem.symmetry.expand_routes(problem.topology, rep_routes)))
 
 
 def tree_order(topology: Topology, sources, links) -> tuple[int, ...]:
@@ -255,13 +223,7 @@ def routes_from_schedule(problem: AlphaBetaProblem, schedule: Schedule) -> Route
 
 def is_symmetric(problem: AlphaBetaProblem, routes: Routes) -> bool:
     """True if the routes are invariant under the problem's symmetry group."""
-    topo = problem.topology
-    for perm, cmap in zip(problem.group[1:], problem.chunk_maps[1:]):
-        for c, route in enumerate(routes.links):
-            image = {topo.link_index[(perm[topo.links[li].src], perm[topo.links[li].dst])] for li in route}
-            if image != set(routes.links[cmap[c]]):
-                return False
-    return True
+    return problem.symmetry.routes_invariant(problem.topology, routes.links)
 
 
 # ----------------------------------------------------------------------------------------------- constructive
@@ -301,7 +263,7 @@ def shortest_path_routes(problem: AlphaBetaProblem, load_weight: float = 1.0, or
     out_links: dict[int, list[int]] = {}
     for i, link in enumerate(topo.links):
         out_links.setdefault(link.src, []).append(i)
-    images = np.array([[topo.link_index[(p[l.src], p[l.dst])] for l in topo.links] for p in problem.group])
+    images = problem.symmetry.link_images(topo)
     rep_routes = {}
     active = set(problem.active_chunks())
     for c in (order or list(problem.reps)):

@@ -20,11 +20,12 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from synth.model.collectives import Collective, chunk_permutation
+from synth.model.collectives import Collective
 from synth.errors import InfeasibleError
 from synth.schedule.ir import COPY, Schedule, Transfer
 from synth.solver.highs import Model, RowBuilder, SolveResult
-from synth.model.topology import Topology, free_symmetry_group
+from synth.model.symmetry import SymmetryGroup, symmetry_for_collective
+from synth.model.topology import Topology
 
 
 @dataclass(frozen=True)
@@ -40,22 +41,7 @@ class StepsEncoding:
     send_link: np.ndarray      # link index per send column
     send_step: np.ndarray      # step per send column
     round_col0: int            # first rounds column
-    group: tuple[tuple[int, ...], ...]          # rank permutations used (identity first)
-    chunk_maps: tuple[tuple[int, ...], ...]     # chunk permutation per group element
-
-
-def symmetry_for(topology: Topology, collective: Collective) -> tuple[list, list]:
-    """The largest freely acting group we find that preserves topology and collective, with chunk maps."""
-    group, maps = [], []
-    for perm in free_symmetry_group(topology):
-        cmap = chunk_permutation(collective, perm)
-        if cmap is None:
-            continue
-        if perm != tuple(range(len(perm))) and any(cmap[c] == c for c in range(len(cmap))):
-            continue  # would fix a chunk: not free on chunks
-        group.append(perm)
-        maps.append(tuple(cmap))
-    return group, maps
+    symmetry: SymmetryGroup    # rank permutations used (identity first) and their chunk maps
 
 
 def min_steps(topology: Topology, collective: Collective) -> int:
@@ -81,10 +67,9 @@ def encode_steps(topology: Topology, collective: Collective, steps: int, rounds:
         raise InfeasibleError(f"{collective.name} on {topology.name} needs at least {need} steps (hop distance); "
                               f"asked for {steps}")
     n = topology.num_ranks
-    group, maps = symmetry_for(topology, collective) if use_symmetry else ([tuple(range(n))], [None])
-    if not use_symmetry:
-        maps = [tuple(range(len(collective.chunks)))]
-    reps = _orbit_representatives(len(collective.chunks), maps)
+    symmetry = symmetry_for_collective(topology, collective) if use_symmetry else \
+        SymmetryGroup.trivial(n, len(collective.chunks))
+    reps = symmetry.chunk_orbit_reps()
     dist = topology.hop_distances()
     links = topology.links
 
@@ -162,7 +147,9 @@ def encode_steps(topology: Topology, collective: Collective, steps: int, rounds:
     rb.add(ent_r, ent_c, ent_v, np.full(nrows, -np.inf), 0.0)
 
     # --- link and port capacity per step, one row per link orbit (all images counted)
-    link_rep, port_rep = _resource_orbits(topology, group)
+    link_rep = symmetry.link_orbit_reps(topology)
+    port_rep = symmetry.port_orbit_reps(topology)
+    link_images = symmetry.link_images(topology)
     cap_row = {}
     ent_r, ent_c, ent_v, lo, hi = [], [], [], [], []
 
@@ -179,9 +166,8 @@ def encode_steps(topology: Topology, collective: Collective, steps: int, rounds:
     port_cap = _port_caps(topology)
     for col in range(nsend):
         li, s = int(s_link[col]), int(s_step[col])
-        for perm in group:
-            image = topology.link_index[(perm[links[li].src], perm[links[li].dst])]
-            rep = link_rep[image]
+        for image in link_images[:, li].tolist():
+            rep = int(link_rep[image])
             if rep == image:
                 ent_r.append(row_for(("link", rep, s), links[rep].lanes))
                 ent_c.append(col)
@@ -205,44 +191,7 @@ def encode_steps(topology: Topology, collective: Collective, steps: int, rounds:
     names = tuple(f"send_c{c}_{links[l].src}to{links[l].dst}_s{s}" for c, l, s in zip(s_chunk, s_link, s_step)) \
         + tuple(f"rounds_s{s}" for s in range(steps))
     model = Model(cost, col_lower, col_upper, np.ones(ncols, dtype=bool), rows, cols, vals, row_lo, row_hi, names)
-    return StepsEncoding(model, topology, collective, steps, rounds, s_chunk, s_link, s_step, round_col0,
-                         tuple(group), tuple(maps))
-
-
-def _orbit_representatives(num_chunks: int, maps) -> list[int]:
-    seen, reps = set(), []
-    for c in range(num_chunks):
-        if c in seen:
-            continue
-        reps.append(c)
-        for m in maps:
-            seen.add(c if m is None else m[c])
-    return reps
-
-
-def _resource_orbits(topology: Topology, group):
-    """Representative (smallest index) of each link's orbit and of each switch port's orbit."""
-    link_rep = {}
-    for i, link in enumerate(topology.links):
-        images = [topology.link_index[(p[link.src], p[link.dst])] for p in group]
-        link_rep[i] = min(images)
-    port_rep = {}
-    port_of_rank = {}
-    for sw in topology.switches:
-        for pi, port in enumerate(sw.ports):
-            for r in port.ranks:
-                port_of_rank[(sw.name, r)] = pi
-    for sw in topology.switches:
-        for pi, port in enumerate(sw.ports):
-            r = port.ranks[0]
-            images = []
-            for p in group:
-                q = port_of_rank.get((sw.name, p[r]))
-                images.append((sw.name, q) if q is not None else (sw.name, pi))
-            best = min(images)
-            for d in ("e", "i"):
-                port_rep[(sw.name, pi, d)] = best + (d,)
-    return link_rep, port_rep
+    return StepsEncoding(model, topology, collective, steps, rounds, s_chunk, s_link, s_step, round_col0, symmetry)
 
 
 def _port_caps(topology: Topology) -> dict:
@@ -262,11 +211,11 @@ def decode_steps(enc: StepsEncoding, result: SolveResult) -> Schedule:
     chosen = np.flatnonzero(x[: enc.round_col0] > 0.5)
     links = enc.topology.links
     transfers = set()
+    elements = list(enc.symmetry.elements())
     for col in chosen:
         c, li, s = int(enc.send_chunk[col]), int(enc.send_link[col]), int(enc.send_step[col])
-        for perm, cmap in zip(enc.group, enc.chunk_maps):
-            image_chunk = c if cmap is None else cmap[c]
-            transfers.add(Transfer(image_chunk, perm[links[li].src], perm[links[li].dst], s, COPY))
+        for perm, cmap in elements:
+            transfers.add(Transfer(cmap[c], perm[links[li].src], perm[links[li].dst], s, COPY))
     transfers = _prune_dead_relays(enc.collective, transfers)
     rounds_per_step = _rounds_needed(enc.topology, transfers, enc.steps)
     schedule = Schedule(enc.collective, enc.topology.name, tuple(sorted(transfers, key=lambda t: (t.step, t.chunk))),

@@ -34,7 +34,7 @@ from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.errors import InfeasibleError
 from synth.formulations.routes import AlphaBetaProblem, Routes, resource_keys
 from synth.solver.highs import FEASIBLE, OPTIMAL, Model, RowBuilder, SolveResult, SolverOptions, solve_model
-from synth.formulations.routed import _hop_matrix, _resource_orbit_reps, offered_links
+from synth.formulations.routed import _hop_matrix, offered_links
 
 _TOL = 1e-9
 HOLD_REWARD = 1e-3   # objective reward per (chunk, destination, epoch) held, relative to one epoch of F
@@ -89,14 +89,9 @@ def choose_epoch(problem: AlphaBetaProblem, routes: Routes, max_epochs: int) -> 
     return epoch
 
 
-def _images(problem: AlphaBetaProblem) -> np.ndarray:
-    topo = problem.topology
-    return np.array([[topo.link_index[(p[l.src], p[l.dst])] for l in topo.links] for p in problem.group])
-
-
 def symmetric_resources_ok(problem: AlphaBetaProblem, grid: EpochGrid) -> bool:
     """False if two images of one link share a resource (then a symmetric epoch model cannot be exact)."""
-    images = _images(problem)
+    images = problem.symmetry.link_images(problem.topology)
     for li in range(len(problem.topology.links)):
         keys = [k for img in images[:, li] for k, _ in grid.resource_occupy[img]]
         if len(keys) != len(set(keys)):
@@ -109,7 +104,7 @@ def epoch_start(problem: AlphaBetaProblem, grid: EpochGrid, routes: Routes) -> t
     number of epochs it needs. Images of a transfer are booked in the same epoch."""
     topo = problem.topology
     coll = problem.collective
-    images = _images(problem)
+    images = problem.symmetry.link_images(problem.topology)
     free: dict = {}
     start: dict = {}
     ready: dict = {}
@@ -319,8 +314,8 @@ def encode_timexp(problem: AlphaBetaProblem, grid: EpochGrid, start_epochs: dict
 
     # capacity: one row per (resource orbit representative, epoch), images counted
     per_link, res_bw = resource_keys(topo)
-    res_rep = _resource_orbit_reps(problem, per_link)
-    images = _images(problem)
+    res_rep = problem.symmetry.resource_orbit_reps(topo, per_link)
+    images = problem.symmetry.link_images(problem.topology)
     row_of: dict = {}
     r, col, val = [], [], []
     for j in range(nf):
@@ -416,6 +411,8 @@ def decode_copies(enc: TimexpEncoding, result: SolveResult) -> tuple[Routes, dic
     topo = problem.topology
     coll = problem.collective
     x = result.x
+    images = problem.symmetry.link_images(topo)
+    chunk_maps = problem.symmetry.chunk_maps.tolist()
     chosen = np.flatnonzero(x[: len(enc.f_chunk)] > 0.5)
     sends = sorted((int(enc.f_epoch[j]), int(enc.f_chunk[j]), int(enc.f_link[j])) for j in chosen)
     rep_links: dict[int, list[tuple[int, int]]] = {c: [] for c in problem.reps}
@@ -431,11 +428,11 @@ def decode_copies(enc: TimexpEncoding, result: SolveResult) -> tuple[Routes, dic
             if l.src in have and have[l.src] <= k and l.dst not in have:
                 have[l.dst] = k + int(enc.grid.delay[li])
                 route.append((k, li))
-        for perm, cmap in zip(problem.group, problem.chunk_maps):
+        for g in range(problem.symmetry.order):
+            cmap = chunk_maps[g]
             links = []
             for k, li in route:
-                l = topo.links[li]
-                img = topo.link_index[(perm[l.src], perm[l.dst])]
+                img = int(images[g, li])
                 links.append(img)
                 position[(cmap[c], img)] = (k, li)
             out[cmap[c]] = tuple(links)
@@ -454,6 +451,8 @@ def decode_flow(enc: TimexpEncoding, result: SolveResult, pieces: int, fallback_
     topo = problem.topology
     coll = problem.collective
     x = result.x
+    images = problem.symmetry.link_images(topo)
+    chunk_maps = problem.symmetry.chunk_maps.tolist()
     nf = len(enc.f_chunk)
     flows: dict = {}
     for j in np.flatnonzero(x[:nf] > 1e-7):
@@ -475,12 +474,12 @@ def decode_flow(enc: TimexpEncoding, result: SolveResult, pieces: int, fallback_
         assigned = []
         for (amount, path), cnt in zip(paths, counts):
             assigned += [path] * cnt
-        for perm, cmap in zip(problem.group, problem.chunk_maps):
+        for g in range(problem.symmetry.order):
+            cmap = chunk_maps[g]
             for p, path in enumerate(assigned):
                 links = []
                 for k, li in path:
-                    l = topo.links[li]
-                    img = topo.link_index[(perm[l.src], perm[l.dst])]
+                    img = int(images[g, li])
                     links.append(img)
                     position[(cmap[c] * pieces + p, img)] = (k, li)
                 piece_routes[cmap[c] * pieces + p] = tuple(links)

@@ -34,7 +34,8 @@ import numpy as np
 
 from synth.errors import InputError
 from synth.fileio import document_name
-from synth.model.topology import Topology, is_automorphism
+from synth.model.symmetry import is_automorphism
+from synth.model.topology import Topology
 
 FORMAT = "synth-sketch/1"
 INTRANODE_STRATEGIES = ("all", "links", "ring")

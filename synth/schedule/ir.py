@@ -17,6 +17,7 @@ from pathlib import Path
 
 from synth.model.collectives import Collective, collective_from_spec
 from synth.errors import InputError
+from synth.fileio import read_json
 
 COPY = "copy"
 REDUCE = "reduce"
@@ -91,14 +92,8 @@ def schedule_from_dict(raw: dict, source: str = "<memory>") -> Schedule:
 
 
 def load_schedule(path: str | Path) -> Schedule:
-    source = str(path)
-    try:
-        raw = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise InputError(source, "", f"cannot read file ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(source, f"line {exc.lineno}", f"invalid JSON: {exc.msg}") from None
-    return schedule_from_dict(raw, source)
+    """Read a schedule JSON file (:func:`synth.fileio.read_json`'s limits) into a :class:`Schedule`."""
+    return schedule_from_dict(read_json(path, "schedule"), str(path))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from synth.model.collectives import Collective
-from synth.schedule.costmodel import LinkClock
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, LinkClock
 from synth.schedule.ir import COPY, Schedule, Transfer
 from synth.model.topology import Topology
 
@@ -91,7 +91,7 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     nbytes = collective.chunk_bytes(size_bytes)
     cap = np.array([l.capacity_GBps for l in topology.links])
     alpha = np.array([l.alpha_us for l in topology.links])
-    hop = alpha + nbytes / (cap * 1e3)
+    hop = alpha + nbytes / (cap * BYTES_PER_US_PER_GBPS)
     table = transfer_table(topology, collective, route_links, hop)
     n = len(table.chunk)
     nlinks = len(topology.links)
@@ -111,8 +111,8 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     # unbooked work (us) per resource; a transfer's resources are its link's, so urgency is per link
     res_of_link = []
     for li in range(nlinks):
-        busy = nbytes / (cap[li] * 1e3)
-        res_of_link.append([(("l", li), busy)] + [(p, max(busy, nbytes / (port_bw[p] * 1e3)))
+        busy = nbytes / (cap[li] * BYTES_PER_US_PER_GBPS)
+        res_of_link.append([(("l", li), busy)] + [(p, max(busy, nbytes / (port_bw[p] * BYTES_PER_US_PER_GBPS)))
                                                   for p in link_ports[li]])
     remaining: dict = {}
     for li in link_of:
@@ -249,7 +249,7 @@ def book_in_order(topology: Topology, collective: Collective, route_links, size_
     """
     nbytes = collective.chunk_bytes(size_bytes)
     cap = np.array([l.capacity_GBps for l in topology.links])
-    hop = np.array([l.alpha_us for l in topology.links]) + nbytes / (cap * 1e3)
+    hop = np.array([l.alpha_us for l in topology.links]) + nbytes / (cap * BYTES_PER_US_PER_GBPS)
     table = transfer_table(topology, collective, route_links, hop)
     n = len(table.chunk)
     order = sorted(range(n), key=lambda i: (position[(int(table.chunk[i]), int(table.link[i]))], i))

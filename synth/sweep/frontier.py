@@ -49,7 +49,7 @@ from synth.schedule.replay import verify
 from synth.bounds.rounds import rounds_per_chunk_bound
 from synth.schedule.ir import Schedule
 from synth.solver.highs import FEASIBLE, INFEASIBLE, NO_SOLUTION, SolverOptions, Status
-from synth.synthesis.steps import smallest_steps, synthesize_steps
+from synth.synthesis.steps import smallest_steps, steps_multiple, synthesize_steps
 from synth.model.topology import Topology
 
 
@@ -88,7 +88,7 @@ class SweepSpec:
     @property
     def step_stride(self) -> int:
         """Allreduce splits steps and rounds in two halves, so it only takes even counts."""
-        return 2 if self.collective == "allreduce" else 1
+        return steps_multiple(self.collective)
 
     def to_dict(self) -> dict:
         opts = self.options
@@ -116,8 +116,7 @@ def plan_sweep(topology: Topology, collective: str, max_steps: int | None = None
         raise InputError("--max-chunks", "", f"must be at least 1, got {max_chunks}")
     coll = make_collective(name, topology.num_ranks, 1, root)
     low = smallest_steps(topology, name, 1, coll.root)
-    if name == "allreduce":
-        low += low % 2
+    low += -low % steps_multiple(name)
     high = low + DEFAULT_EXTRA_STEPS if max_steps is None else max_steps
     if high < low:
         raise InputError("--max-steps", "", f"{high} is below the hop lower bound {low} for {name} on "

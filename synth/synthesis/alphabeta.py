@@ -11,7 +11,7 @@ class (a time-expanded MILP over fine pieces finds nothing in minutes; rounding 
 3. **order and pipeline**: every candidate's routes are cut into ``k`` pieces (``k`` a power of two up to 32
    unless a sketch or the caller fixes it, with at most 64 transfers on any link, since MSCCL's executor runs at
    most 64 steps per threadblock) and ordered by the list scheduler (:mod:`synth.schedule.list_scheduler`); a timexp solution is
-   also booked in its own epoch order and pipelined (:mod:`synth.schedule.transforms`);
+   also booked in its own epoch order and cut into pieces (:func:`synth.schedule.transforms.cut_into_pieces`);
 4. **verify**: every candidate is replayed (:func:`synth.schedule.replay.verify`); the fastest wins (the best baseline
    itself competes when it respects the sketch, so the result is never slower than it).
 
@@ -19,8 +19,9 @@ Unless given, the chunks per rank start at 1 and double (up to 4) while the best
 more than 1% above the cut bound of :mod:`synth.bounds.physical` on a bandwidth-bound instance: one tree per chunk cannot
 split a rank's data over several trees, more chunks can.
 
-Combining collectives: ReduceScatter is the time reversal of an Allgather schedule on the reversed topology
-(copies become reductions), Reduce of a Broadcast; Allreduce is ReduceScatter followed by Allgather.
+Combining collectives go through the reductions of :mod:`synth.schedule.transforms`: ReduceScatter is the time
+reversal of an Allgather schedule on the reversed topology (copies become reductions), Reduce of a Broadcast;
+Allreduce is ReduceScatter followed by Allgather (the Allgather with the ReduceScatter's chunks and pieces).
 
 ``method="auto"`` runs ``routed`` (see :data:`AUTO_RULE`). The status is the MILP's, honestly: ``optimal`` only
 when HiGHS proved the chunk-level model optimal (its objective estimates the time; the replay gives the real
@@ -38,14 +39,15 @@ from synth.model.collectives import Collective, make_collective, normalize_name
 from synth.errors import InfeasibleError, InputError, SolverError, SynthError
 from synth.schedule.replay import verify
 from synth.schedule.list_scheduler import book_in_order, list_schedule
-from synth.schedule.transforms import pipeline, split_collective
+from synth.schedule.transforms import (CollectiveProblem, Concatenation, Reversal, cut_into_pieces, reduction_for,
+                                       split_collective)
 from synth.formulations.routes import (AlphaBetaProblem, Routes, is_symmetric, make_problem, route_loads, routes_from_schedule,
                      shortest_path_routes)
-from synth.schedule.ir import REDUCE, Schedule, Transfer
-from synth.model.sketch import Sketch, load_sketch, reverse_sketch
+from synth.schedule.ir import Schedule
+from synth.model.sketch import Sketch, load_sketch
 from synth.solver.highs import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, SolverOptions, solve_model
 from synth.synthesis.steps import SynthesisResult
-from synth.model.topology import Topology, check_connected, reverse_topology
+from synth.model.topology import Topology, check_connected
 
 METHODS = ("auto", "routed", "timexp")
 AUTO_RULE = ("auto = routed, for every collective and size. Evidence (benchmarks/bench_alphabeta.py, 2 cores): on "
@@ -63,7 +65,6 @@ TIMEXP_WINDOW = 12
 MAX_AUTO_CHUNKS = 4
 CHUNK_ESCALATION_GAP = 0.01
 TIMEXP_ROUTED_SHARE = 0.3       # of the time limit, for the routed MILP that provides timexp's start
-_REVERSAL_OF = {"reducescatter": "allgather", "reduce": "broadcast"}
 
 
 @dataclass(frozen=True)
@@ -148,12 +149,7 @@ def synthesize_alpha_beta(topology: Topology, collective_name: str, size_bytes: 
         pieces = sketch.hints.pieces
     chosen = "routed" if method == "auto" else method
     t0 = time.perf_counter()
-    if name == "allreduce":
-        solved = _allreduce(topology, size_bytes, chosen, sketch, chunks, options, pieces)
-    elif name in _REVERSAL_OF:
-        solved = _reduction(topology, name, size_bytes, chosen, sketch, chunks, root, options, pieces)
-    else:
-        solved = _search_chunks(topology, name, root, chunks, size_bytes, chosen, sketch, options, pieces)
+    solved = _solve(CollectiveProblem(topology, name, root, chunks, sketch), size_bytes, chosen, options, pieces)
     schedule = solved.schedule
     notes = dict(schedule.notes)
     notes.update(solved.notes)
@@ -177,48 +173,49 @@ def _with_hints(options: SolverOptions, sketch: Sketch | None) -> SolverOptions:
 
 # ----------------------------------------------------------------------------------------------- combining
 
-def reverse_schedule(schedule: Schedule, collective: Collective, topology_name: str) -> Schedule:
-    """Time-reverse a broadcast-type schedule into a reduction: each copy ``u -> v`` at step ``s`` becomes a
-    reduce ``v -> u`` at step ``S - 1 - s`` (so every link and port serves its transfers in reverse order)."""
-    S = schedule.steps
-    transfers = tuple(Transfer(t.chunk, t.dst, t.src, S - 1 - t.step, REDUCE) for t in schedule.transfers)
-    return replace(schedule, collective=collective, topology=topology_name, transfers=transfers,
-                   rounds=None, rounds_per_step=None)
+def _solve(problem: CollectiveProblem, size_bytes: float, method: str, options: SolverOptions,
+           pieces: int | None) -> _Solved:
+    """Solve a problem directly, or through the reduction (:mod:`synth.schedule.transforms`) that makes it."""
+    reduction = reduction_for(problem)
+    if isinstance(reduction, Reversal):
+        return _reversal(reduction, size_bytes, method, options, pieces)
+    if isinstance(reduction, Concatenation):
+        return _concatenation(reduction, size_bytes, method, options, pieces)
+    return _search_chunks(problem.topology, problem.collective, problem.root, problem.chunks_per_rank, size_bytes,
+                          method, problem.sketch, options, pieces)
 
 
-def _reduction(topology, name, size_bytes, method, sketch, chunks, root, options, pieces) -> _Solved:
-    dual = _REVERSAL_OF[name]
-    rtopo = reverse_topology(topology)
-    rsketch = reverse_sketch(sketch) if sketch is not None else None
-    forward = _search_chunks(rtopo, dual, root, chunks, size_bytes, method, rsketch, options, pieces)
-    fine = make_collective(name, topology.num_ranks, forward.schedule.collective.chunks_per_rank, root)
-    schedule = reverse_schedule(forward.schedule, fine, topology.name)
-    report = verify(schedule, topology, size_bytes)
+def _reversal(reduction: Reversal, size_bytes, method, options, pieces) -> _Solved:
+    (dual,) = reduction.apply()
+    forward = _solve(dual, size_bytes, method, options, pieces)
+    schedule = reduction.invert([forward.schedule])
+    report = verify(schedule, reduction.problem.topology, size_bytes)
     notes = dict(forward.notes)
-    notes["reversal_of"] = dual
+    notes["reversal_of"] = reduction.dual
     notes["time_us"] = report.time_us
     return replace(forward, schedule=schedule, notes=notes)
 
 
-def _allreduce(topology, size_bytes, method, sketch, chunks, options, pieces) -> _Solved:
-    rs = _reduction(topology, "reducescatter", size_bytes, method, sketch, chunks, None, options, pieces)
-    total = rs.schedule.collective.chunks_per_rank
-    base = rs.notes.get("chunks", total)
+def _concatenation(reduction: Concatenation, size_bytes, method, options, pieces) -> _Solved:
+    """The first part is searched freely; the others are solved directly with its chunks per rank before
+    pipelining and its piece count, so every part ends with the same chunks per rank."""
+    parts = reduction.apply()
+    first, *rest = parts
+    solved = [_solve(first, size_bytes, method, options, pieces)]
+    total = solved[0].schedule.collective.chunks_per_rank
+    base = solved[0].notes.get("chunks", total)
     base, k = (base, total // base) if total % base == 0 else (total, 1)
-    coll = make_collective("allgather", topology.num_ranks, base, None)
-    ag = _direct(topology, coll, size_bytes, method, sketch, options, k, exact_chunks=total)
-    fine = make_collective("allreduce", topology.num_ranks, total)
-    offset = rs.schedule.steps
-    transfers = rs.schedule.transfers + tuple(replace(t, step=t.step + offset, start_us=None, end_us=None)
-                                              for t in ag.schedule.transfers)
-    schedule = Schedule(fine, topology.name, transfers, offset + ag.schedule.steps, None, None,
-                        f"alpha-beta:{method}")
-    report = verify(schedule, topology, size_bytes)
-    status = OPTIMAL if rs.status == ag.status == OPTIMAL else FEASIBLE
-    gaps = [g for g in (rs.gap, ag.gap) if g is not None]
-    notes = {"reducescatter": rs.notes, "allgather": ag.notes, "pieces": k, "time_us": report.time_us}
-    return _Solved(schedule, status, rs.seconds + ag.seconds, max(gaps) if gaps else None,
-                   min(rs.symmetry_order, ag.symmetry_order), notes)
+    for part in rest:
+        coll = make_collective(part.collective, part.topology.num_ranks, base, part.root)
+        solved.append(_direct(part.topology, coll, size_bytes, method, part.sketch, options, k, exact_chunks=total))
+    schedule = reduction.invert([s.schedule for s in solved])
+    report = verify(schedule, reduction.problem.topology, size_bytes)
+    status = OPTIMAL if all(s.status == OPTIMAL for s in solved) else FEASIBLE
+    gaps = [s.gap for s in solved if s.gap is not None]
+    notes = {p.collective: s.notes for p, s in zip(parts, solved)}
+    notes.update({"pieces": k, "time_us": report.time_us})
+    return _Solved(schedule, status, sum(s.seconds for s in solved), max(gaps) if gaps else None,
+                   min(s.symmetry_order for s in solved), notes)
 
 
 # ----------------------------------------------------------------------------------------------- direct
@@ -297,7 +294,7 @@ def _direct(topology: Topology, coll: Collective, size_bytes: float, method: str
     if not best.label.startswith(("routed", "timexp")) and status == OPTIMAL:
         status = FEASIBLE  # the winner did not come from the model that was proven optimal
     schedule = replace(best.schedule, method=f"alpha-beta:{method}")
-    return _Solved(schedule, status, seconds, gap, len(problem.group), notes)
+    return _Solved(schedule, status, seconds, gap, problem.symmetry.order, notes)
 
 
 def _best_baseline(problem: AlphaBetaProblem):
@@ -378,7 +375,7 @@ def _evaluate(problem: AlphaBetaProblem, route_sets, ordered, piece_options, siz
             out.append(Candidate(f"{label} x{k}", sched, verify(sched, topo, size_bytes).time_us))
     for label, sched, splittable in ordered:
         for k in (piece_options if splittable else [1]):
-            s = pipeline(sched, k) if k > 1 else sched
+            s = cut_into_pieces(sched, k) if k > 1 else sched
             out.append(Candidate(f"{label} x{k}", s, verify(s, topo, size_bytes).time_us))
     return out
 

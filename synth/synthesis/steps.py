@@ -1,8 +1,9 @@
 """Orchestration: pick the formulation for a collective, solve, decode, and build combining collectives.
 
-Non-combining collectives (Allgather, Alltoall, Broadcast, Gather, Scatter) are encoded directly.
-ReduceScatter is the time reversal of an Allgather schedule (copies become reductions), Reduce the reversal of
-a Broadcast, Allreduce is ReduceScatter followed by Allgather. The schedule is returned unverified: callers run
+Non-combining collectives (Allgather, Alltoall, Broadcast, Gather, Scatter) are encoded directly; the others go
+through the reductions of :mod:`synth.schedule.transforms`: ReduceScatter is the time reversal of an Allgather
+schedule (copies become reductions), Reduce the reversal of a Broadcast, Allreduce is ReduceScatter followed by
+Allgather with half the steps and rounds each. The schedule is returned unverified: callers run
 :func:`synth.schedule.replay.verify` (``synth solve`` always does).
 """
 
@@ -13,15 +14,13 @@ from dataclasses import dataclass, replace
 from synth.model.collectives import make_collective, normalize_name
 from synth.formulations.steps import balanced_round_splits, decode_steps, encode_steps, min_steps, with_fixed_rounds
 from synth.errors import InfeasibleError, InputError, NoSolutionError
-from synth.schedule.ir import REDUCE, Schedule, Transfer
+from synth.schedule.ir import Schedule
+from synth.schedule.transforms import CONCATENATION_PARTS, CollectiveProblem, Concatenation, Reversal, reduction_for
 from synth.solver.highs import FEASIBLE, INFEASIBLE, OPTIMAL, SolverOptions, solve_model
-from synth.model.topology import Topology, check_connected, reverse_topology
+from synth.model.topology import Topology, check_connected
 
 # Seconds for each quick try of an even rounds split before the integer-rounds model (see balanced_round_splits).
 QUICK_SPLIT_SECONDS = 0.2
-
-# The broadcast-type collective whose reversal gives each reduction.
-_REVERSAL_OF = {"reducescatter": "allgather", "reduce": "broadcast"}
 
 
 @dataclass(frozen=True)
@@ -47,10 +46,10 @@ def _solve_direct(topology, collective, steps, rounds, options, use_symmetry, la
         res = solve_model(with_fixed_rounds(enc, parts).model, quick)
         seconds += res.seconds
         if res.status in (OPTIMAL, FEASIBLE):
-            return decode_steps(enc, res), res, seconds, len(enc.group)
+            return decode_steps(enc, res), res, seconds, enc.symmetry.order
     res = solve_model(enc.model, options)
     seconds += res.seconds
-    if res.status == INFEASIBLE and len(enc.group) > 1:
+    if res.status == INFEASIBLE and enc.symmetry.order > 1:
         enc = encode_steps(topology, collective, steps, rounds, use_symmetry=False)
         res = solve_model(enc.model, options)
         seconds += res.seconds
@@ -62,16 +61,7 @@ def _solve_direct(topology, collective, steps, rounds, options, use_symmetry, la
     if res.status not in (OPTIMAL, FEASIBLE):
         raise NoSolutionError(f"the solver found no schedule within {options.time_limit_s:g} s; raise --time-limit "
                               "or ask for more rounds")
-    return decode_steps(enc, res), res, seconds, len(enc.group)
-
-
-def _reverse(schedule: Schedule, collective) -> Schedule:
-    """Time-reverse a broadcast-type schedule into a reduction: each copy u->v at step s becomes a reduce
-    v->u at step S-1-s."""
-    S = schedule.steps
-    transfers = tuple(Transfer(t.chunk, t.dst, t.src, S - 1 - t.step, REDUCE) for t in schedule.transfers)
-    rps = tuple(reversed(schedule.rounds_per_step)) if schedule.rounds_per_step else None
-    return replace(schedule, collective=collective, transfers=transfers, rounds_per_step=rps)
+    return decode_steps(enc, res), res, seconds, enc.symmetry.order
 
 
 def synthesize_steps(topology: Topology, collective_name: str, steps: int, rounds: int, chunks: int = 1,
@@ -89,39 +79,54 @@ def synthesize_steps(topology: Topology, collective_name: str, steps: int, round
     """
     name = normalize_name(collective_name)
     check_connected(topology)
-    coll = make_collective(name, topology.num_ranks, chunks, root)
-    if name == "allreduce":
-        if steps % 2 or rounds < steps:
+    coll = make_collective(name, topology.num_ranks, chunks, root)  # validates chunks and root
+    problem = CollectiveProblem(topology, name, root, chunks)
+    reduction = reduction_for(problem)
+    if isinstance(reduction, Concatenation):
+        parts = len(reduction.parts)
+        if steps % parts or rounds < steps:
             raise InputError("--steps", "", "Allreduce is ReduceScatter + Allgather here: give an even number of "
                              "steps and rounds >= steps")
-        rs = synthesize_steps(topology, "reducescatter", steps // 2, rounds // 2, chunks, None, options,
-                              use_symmetry)
-        ag = synthesize_steps(topology, "allgather", steps // 2, rounds // 2, chunks, None, options, use_symmetry)
-        half = steps // 2
-        transfers = rs.schedule.transfers + tuple(replace(t, step=t.step + half) for t in ag.schedule.transfers)
-        rps = rs.schedule.rounds_per_step + ag.schedule.rounds_per_step
-        schedule = Schedule(coll, topology.name, transfers, steps, sum(rps), rps, "steps")
-        status = OPTIMAL if rs.status == ag.status == OPTIMAL else FEASIBLE
-        return SynthesisResult(schedule, status, rs.solve_seconds + ag.solve_seconds, None,
-                               min(rs.symmetry_order, ag.symmetry_order), steps, schedule.rounds, chunks)
-    dual = _REVERSAL_OF.get(name)
-    if dual:
-        dual_coll = make_collective(dual, topology.num_ranks, chunks, root)
+        solved = [synthesize_steps(topology, p.collective, steps // parts, rounds // parts, chunks, p.root, options,
+                                   use_symmetry) for p in reduction.apply()]
+        schedule = reduction.invert([r.schedule for r in solved])
+        status = OPTIMAL if all(r.status == OPTIMAL for r in solved) else FEASIBLE
+        return SynthesisResult(schedule, status, sum(r.solve_seconds for r in solved), None,
+                               min(r.symmetry_order for r in solved), steps, schedule.rounds, chunks)
+    if isinstance(reduction, Reversal):
+        (dual,) = reduction.apply()
+        dual_coll = make_collective(dual.collective, topology.num_ranks, chunks, root)
         forward, res, seconds, order = _solve_direct(
-            reverse_topology(topology), dual_coll, steps, rounds, options, use_symmetry,
-            f"{name} schedule on {topology.name} (solved as a reversed {dual})")
-        schedule = replace(_reverse(forward, coll), topology=topology.name)
+            dual.topology, dual_coll, steps, rounds, options, use_symmetry,
+            f"{name} schedule on {topology.name} (solved as a reversed {dual.collective})")
+        schedule = reduction.invert([forward])
     else:
         schedule, res, seconds, order = _solve_direct(topology, coll, steps, rounds, options, use_symmetry)
     return SynthesisResult(schedule, res.status, seconds, res.gap, order, steps, schedule.rounds, chunks)
 
 
 def smallest_steps(topology: Topology, collective_name: str, chunks: int = 1, root: int | None = None) -> int:
-    """Hop lower bound on steps for a collective (twice the Allgather bound for Allreduce)."""
+    """Hop lower bound on steps for a collective: a reversal's is its dual's on the reversed topology; a
+    concatenation gives every part the same number of steps, so its bound is the parts' largest times their count.
+
+    >>> from synth.model.topology import load_topology
+    >>> smallest_steps(load_topology("ring-4"), "allgather"), smallest_steps(load_topology("ring-4"), "allreduce")
+    (2, 4)
+    """
     name = normalize_name(collective_name)
-    if name == "allreduce":
-        return 2 * smallest_steps(topology, "allgather", chunks)
-    dual = _REVERSAL_OF.get(name)
-    base = make_collective(dual or name, topology.num_ranks, chunks, root)
-    topo = reverse_topology(topology) if dual else topology
-    return max(1, min_steps(topo, base))
+    problem = CollectiveProblem(topology, name, root, chunks)
+    reduction = reduction_for(problem)
+    if isinstance(reduction, Concatenation):
+        parts = reduction.apply()
+        return len(parts) * max(smallest_steps(topology, p.collective, chunks, p.root) for p in parts)
+    if isinstance(reduction, Reversal):
+        (problem,) = reduction.apply()
+    base = make_collective(problem.collective, topology.num_ranks, chunks, problem.root)
+    return max(1, min_steps(problem.topology, base))
+
+
+def steps_multiple(collective_name: str) -> int:
+    """Step counts the step driver accepts are multiples of this: a concatenation splits steps evenly between
+    its parts (Allreduce: 2)."""
+    parts = CONCATENATION_PARTS.get(normalize_name(collective_name))
+    return len(parts) if parts else 1
