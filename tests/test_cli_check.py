@@ -1,22 +1,19 @@
 """``synth check``: exit codes, one-line errors, report lines and --json (click's CliRunner).
 
-Most tests replace the interpreter by a stub so they test the command's plumbing alone; the last ones run the
-real :mod:`backends.msccl.interpret` on the shared files.
+Every test runs the real :mod:`backends.msccl.interpret`, on small programs written here (and, where present, on
+the shared third-party files).
 """
 
 import json
-import sys
-import types
 
 import pytest
 from click.testing import CliRunner
 
 from synth.cli import main
-from backends.msccl.findings import Finding
 from support.shared import ALL_FILES, INVALID_FILE, shared_msccl_xml
 
 EXECUTOR_XML = ('<algo name="pair" proto="Simple" nchannels="1" nchunksperloop="2" ngpus="2" coll="allgather" '
-                'inplace="0" outofplace="1" minBytes="0" maxBytes="1073741824">\n') + """\
+                'inplace="1" outofplace="0" minBytes="0" maxBytes="1073741824">\n') + """\
   <gpu id="0" i_chunks="1" o_chunks="2" s_chunks="0">
     <tb id="0" send="1" recv="1" chan="0">
       <step s="0" type="s" srcbuf="i" srcoff="0" dstbuf="o" dstoff="0" cnt="1" depid="-1" deps="-1" hasdep="0"/>
@@ -33,28 +30,26 @@ EXECUTOR_XML = ('<algo name="pair" proto="Simple" nchannels="1" nchunksperloop="
 """
 
 
-class StubInterpreter:
-    """Stands in for backends.msccl.interpret: records calls, returns the findings a test asks for."""
-
-    def __init__(self):
-        self.calls = []
-        self.findings = ()
-
-    def execute_program(self, program, collective=None, fifo_depth=None):
-        self.calls.append((program.name, collective, fifo_depth))
-        errors = any(f.severity == "error" for f in self.findings)
-        return types.SimpleNamespace(findings=tuple(self.findings), ok=not errors)
+def swapped_steps(gpu: int) -> str:
+    """EXECUTOR_XML with the two steps of ``gpu`` in the other order (``s`` renumbered)."""
+    lines = EXECUTOR_XML.splitlines(keepends=True)
+    first = 3 + 6 * gpu
+    lines[first:first + 2] = (lines[first + 1].replace('s="1"', 's="0"'), lines[first].replace('s="0"', 's="1"'))
+    return "".join(lines)
 
 
-@pytest.fixture
-def stub(monkeypatch):
-    interpreter = StubInterpreter()
-    module = types.ModuleType("backends.msccl.interpret")
-    module.execute_program = interpreter.execute_program
-    monkeypatch.setitem(sys.modules, "backends.msccl.interpret", module)
-    import synth
-    monkeypatch.setattr(synth, "interpret", module, raising=False)
-    return interpreter
+# Both ranks send before they receive: fine with one message of buffering, a deadlock with rendezvous sends.
+SEND_FIRST_XML = swapped_steps(1)
+RECEIVE_FIRST_XML = swapped_steps(0)
+
+
+def silent_allgather(chunks_per_rank: int) -> str:
+    """An in-place 2-rank Allgather that moves nothing: every chunk of the peer is missing at the end."""
+    loop = 2 * chunks_per_rank
+    gpus = "".join(f'  <gpu id="{g}" i_chunks="{chunks_per_rank}" o_chunks="{loop}" s_chunks="0">\n  </gpu>\n'
+                   for g in range(2))
+    return (f'<algo name="silent" proto="Simple" nchannels="1" nchunksperloop="{loop}" ngpus="2" coll="allgather" '
+            f'inplace="1" outofplace="0" minBytes="0" maxBytes="1073741824">\n{gpus}</algo>\n')
 
 
 def run(*args):
@@ -74,19 +69,28 @@ def test_check_has_help_text():
     assert "--target" in result.output and "--fifo-depth" in result.output and "--json" in result.output
 
 
-def test_valid_file_exits_zero(stub, executor_file):
+def test_valid_file_exits_zero(executor_file):
     result = run(executor_file, "--target", "executor")
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[-1] == f"{executor_file}: valid: 1 algo(s), 0 error(s), 0 warning(s)"
-    assert stub.calls == [("pair", None, None)]
 
 
-def test_options_reach_the_interpreter(stub, executor_file):
-    assert run(executor_file, "--collective", "reduce_scatter", "--fifo-depth", "0").exit_code == 0
-    assert stub.calls == [("pair", "reducescatter", 0)]
+def test_collective_option_reaches_the_interpreter(executor_file):
+    result = run(executor_file, "--collective", "reduce_scatter")
+    assert result.exit_code == 1
+    assert "error: postcondition: gpu 1: reducescatter output o[1] of rank 1 missing" in result.stdout
 
 
-def test_shared_legacy_file_is_valid_for_both_with_a_warning(stub):
+def test_fifo_depth_option_reaches_the_interpreter(tmp_path):
+    path = tmp_path / "send-first.xml"
+    path.write_text(SEND_FIRST_XML)
+    assert run(path).exit_code == 0
+    result = run(path, "--fifo-depth", "0")
+    assert result.exit_code == 1
+    assert "(s) waits for gpu 1 to take its message on channel 0 (rendezvous)" in result.stdout
+
+
+def test_shared_legacy_file_is_valid_for_both_with_a_warning():
     path = shared_msccl_xml("simple_allgather_ring_4gpu.xml")
     result = run(path)
     assert result.exit_code == 0, result.output
@@ -95,7 +99,7 @@ def test_shared_legacy_file_is_valid_for_both_with_a_warning(stub):
     assert lines[-1] == f"{path}: valid: 1 algo(s), 0 error(s), 1 warning(s)"
 
 
-def test_shared_legacy_file_is_invalid_for_the_executor(stub):
+def test_shared_legacy_file_is_invalid_for_the_executor():
     path = shared_msccl_xml("simple_allgather_ring_4gpu.xml")
     result = run(path, "--target", "executor")
     assert result.exit_code == 1
@@ -104,33 +108,39 @@ def test_shared_legacy_file_is_invalid_for_the_executor(stub):
     assert "Traceback" not in result.output
 
 
-def test_interpreter_findings_make_the_file_invalid(stub, executor_file):
-    stub.findings = (Finding("deadlock", "every tb waits", gpu=0, tb=0, step=1, line=5),
-                     Finding("race", "maybe", "warning", gpu=1))
-    result = run(executor_file)
+def test_interpreter_findings_make_the_file_invalid(tmp_path):
+    path = tmp_path / "receive-first.xml"
+    path.write_text(RECEIVE_FIRST_XML)
+    result = run(path)
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
-    assert f"{executor_file}:5: error: deadlock: gpu 0/tb 0/step 1: every tb waits (both runtimes)" in lines
-    assert f"{executor_file}: warning: race: gpu 1: maybe (both runtimes)" in lines
-    assert lines[-1] == f"{executor_file}: INVALID: 1 algo(s), 1 error(s), 1 warning(s)"
+    assert (f"{path}: error: deadlock: gpu 0/tb 0/step 0: wait-for cycle: gpu 0 tb 0 step 0 (r) waits for a "
+            "message from gpu 1 on channel 0 -> gpu 1 tb 0 step 0 (r) waits for a message from gpu 0 on channel 0 "
+            "-> back to gpu 0 tb 0 step 0 (r); 2 tb(s) never finish; it also deadlocks with the runtime's FIFO "
+            "depth 2 (Simple) (both runtimes)") in lines
+    assert lines[-1] == f"{path}: INVALID: 1 algo(s), 1 error(s), 0 warning(s)"
 
 
-def test_long_reports_are_capped_but_counted(stub, executor_file):
-    stub.findings = tuple(Finding("postcondition", f"chunk {k} wrong", gpu=0) for k in range(60))
-    result = run(executor_file)
+def test_long_reports_are_capped_but_counted(tmp_path):
+    path = tmp_path / "silent.xml"
+    path.write_text(silent_allgather(32))      # 32 chunks of the peer missing on each of 2 ranks
+    result = run(path)
     lines = [line for line in result.stdout.splitlines() if "postcondition" in line]
-    assert len(lines) == 51 and "10 more postcondition finding(s) like the above" in lines[-1]
-    assert result.stdout.splitlines()[-1].endswith("60 error(s), 0 warning(s)")
-    report = json.loads(run(executor_file, "--json").stdout)
-    assert report["algos"][0]["errors"] == 60 and len(report["algos"][0]["findings"]) == 51
+    assert len(lines) == 51 and "14 more postcondition finding(s) like the above" in lines[-1]
+    assert result.stdout.splitlines()[-1].endswith("64 error(s), 0 warning(s)")
+    report = json.loads(run(path, "--json").stdout)
+    assert report["algos"][0]["errors"] == 64 and len(report["algos"][0]["findings"]) == 51
 
 
-def test_custom_collective_is_passed_through(stub, executor_file):
-    assert run(executor_file, "--collective", "custom").exit_code == 0
-    assert stub.calls == [("pair", "custom", None)]
+def test_custom_collective_checks_no_postcondition(tmp_path):
+    path = tmp_path / "silent.xml"
+    path.write_text(silent_allgather(1))
+    assert run(path).exit_code == 1
+    result = run(path, "--collective", "custom")
+    assert result.exit_code == 0, result.output
 
 
-def test_lexical_errors_make_the_file_invalid(stub, tmp_path):
+def test_lexical_errors_make_the_file_invalid(tmp_path):
     path = tmp_path / "prolog.xml"
     path.write_text('<?xml version="1.0"?>\n' + EXECUTOR_XML)
     result = run(path)
@@ -138,12 +148,11 @@ def test_lexical_errors_make_the_file_invalid(stub, tmp_path):
     assert f"{path}:1: error: lexical: the file starts with an <?xml ...?> prolog" in result.stdout
 
 
-def test_structural_errors_skip_execution(stub, tmp_path):
+def test_structural_errors_skip_execution(tmp_path):
     path = tmp_path / "peer.xml"
     path.write_text(EXECUTOR_XML.replace('send="1" recv="1"', 'send="5" recv="1"'))
     result = run(path)
     assert result.exit_code == 1
-    assert stub.calls == []
     assert "error: tb-peer: gpu 0/tb 0: send=5 is not a rank" in result.stdout
     assert "not executed: fix the errors above first" in result.stdout
 
@@ -154,7 +163,7 @@ def test_structural_errors_skip_execution(stub, tmp_path):
     (EXECUTOR_XML.replace(' cnt="1"', "", 1), 4, "<step> lacks required attribute cnt"),
     ("not xml at all <", 1, "unexpected end of file"),
 ], ids=["truncated", "unknown step type", "missing attribute", "not xml"])
-def test_malformed_file_prints_one_error_line(stub, tmp_path, text, line, problem):
+def test_malformed_file_prints_one_error_line(tmp_path, text, line, problem):
     path = tmp_path / "bad.xml"
     path.write_text(text)
     result = run(path)
@@ -165,28 +174,30 @@ def test_malformed_file_prints_one_error_line(stub, tmp_path, text, line, proble
     assert "Traceback" not in result.output and isinstance(result.exception, SystemExit)
 
 
-def test_missing_file_is_an_input_error(stub, tmp_path):
+def test_missing_file_is_an_input_error(tmp_path):
     result = run(tmp_path / "nope.xml")
     assert result.exit_code == 1
     assert result.stderr.startswith(f"Error: {tmp_path / 'nope.xml'}: cannot read the file")
 
 
-def test_unknown_target_is_a_usage_error(stub, executor_file):
+def test_unknown_target_is_a_usage_error(executor_file):
     assert run(executor_file, "--target", "cuda").exit_code == 2
 
 
-def test_json_report(stub, executor_file):
-    stub.findings = (Finding("race", "maybe", "warning", gpu=1),)
-    result = run(executor_file, "--json")
+def test_json_report(tmp_path):
+    path = tmp_path / "legacy.xml"
+    path.write_text(EXECUTOR_XML.replace(' outofplace="0" minBytes="0" maxBytes="1073741824"', ""))
+    result = run(path, "--json")
     assert result.exit_code == 0
     report = json.loads(result.stdout)
-    assert report["file"] == str(executor_file) and report["valid"] is True and report["target"] == "both"
+    assert report["file"] == str(path) and report["valid"] is True and report["target"] == "both"
     (algo,) = report["algos"]
     assert (algo["name"], algo["coll"], algo["ngpus"], algo["executed"]) == ("pair", "allgather", 2, True)
-    assert algo["findings"] == [Finding("race", "maybe", "warning", gpu=1).to_dict()]
+    assert [(f["kind"], f["severity"], f["runtimes"]) for f in algo["findings"]] == [
+        ("algo-attributes", "warning", ["executor"])]
 
 
-def test_json_report_of_an_invalid_multi_algo_file(stub, tmp_path):
+def test_json_report_of_an_invalid_multi_algo_file(tmp_path):
     path = tmp_path / "two.xml"
     path.write_text(EXECUTOR_XML + shared_msccl_xml("dgx1_reducescatter_s2_r3_c2.xml").read_text() + "\n<copy/>\n")
     result = run(path, "--json", "--target", "executor")

@@ -2,6 +2,8 @@
 
 import pytest
 
+from synth.errors import BackendError
+
 from backends.msccl.parse import parse_msccl_xml
 from backends.msccl.lowering import lower_to_msccl
 from support.instances import DGX1_EVERY_COLLECTIVE
@@ -16,7 +18,11 @@ from synth.model.topology import load_topology
 @pytest.mark.parametrize("target", ["executor", "legacy"])
 def test_dgx1_xml_executes_reparses_and_lints_clean(dgx1, coll, S, R, C, target):
     sched = synthesize_steps(dgx1, coll, S, R, C).schedule
-    emitted = emit_verified_xml(sched, target=target)
+    if target == "legacy" and coll in ("gather", "scatter"):
+        with pytest.raises(BackendError, match=f"the legacy runtime knows no {coll} .its loader refuses the file."):
+            emit_verified_xml(sched, dgx1, target)
+        return
+    emitted = emit_verified_xml(sched, dgx1, target)
     assert emitted.fused
     [program] = parse_msccl_xml(emitted.text, f"{coll}.xml")
     assert program.collective == coll and program.ngpus == 8
@@ -53,7 +59,7 @@ def test_simulated_program_time_equals_replay_time(dgx1, coll, S, R, C, size):
 
 def test_emitter_picks_the_faster_verified_lowering(dgx1):
     sched = synthesize_steps(dgx1, "allgather", 3, 7, 6).schedule
-    emitted = emit_verified_xml(sched, topology=dgx1, size_bytes=1 << 30)
+    emitted = emit_verified_xml(sched, dgx1, size_bytes=1 << 30)
     from backends.msccl.simulate import simulate_program
     others = [simulate_program(lower_to_msccl(sched, fuse=f), dgx1, 1 << 30).time_us for f in (True, False)]
     assert emitted.simulated_us <= min(others) * 1.01 + 1e-9

@@ -81,7 +81,7 @@ def test_missing_executor_attributes_per_target():
     program = replace(ring_allgather(), min_bytes=None, max_bytes=None, outofplace=None, line=1)
     executor = only(lint_program(program, "executor"), "algo-attributes")
     assert executor.severity == "error" and executor.runtimes == ("executor",) and executor.line == 1
-    assert "minBytes, maxBytes, outofplace" in executor.message and "silently skips" in executor.message
+    assert "minBytes, maxBytes, outofplace" in executor.message and "every file after it" in executor.message
     assert only(lint_program(program, "both"), "algo-attributes").severity == "warning"
     assert lint_program(program, "legacy") == []
 
@@ -255,7 +255,7 @@ def test_in_place_aliasing():
     n = 2
     tbs = (Threadblock(0, 1, 1, 0, (Step(0, "s", "o", 1, "o", 1, 1), Step(1, "rrc", "i", 1, "o", 1, 1))),)
     gpus = tuple(Gpu(r, 2, 0, 0, tuple(replace(tb, send=1 - r, recv=1 - r) for tb in tbs)) for r in range(n))
-    program = replace(ring_allgather(), coll="allreduce", inplace=1, nchunksperloop=2, gpus=gpus)
+    program = replace(ring_allgather(), coll="allreduce", inplace=1, outofplace=0, nchunksperloop=2, gpus=gpus)
     assert lint_program(program) == []
     assert "step-buffer" in kinds(lint_program(replace(program, inplace=0)))
     # in-place allgather: rank r's input is o[r], so i[1] on the last rank is past the end
@@ -352,11 +352,14 @@ def test_lexical_rules():
             f'<step type="{"x" * 255}"/>\n<!-- <ignored\tin="comment" --></algo>')
     findings = lint_text(text, "lex.xml")
     messages = {f.line: f.message for f in findings}
-    assert all(f.kind == "lexical" and f.severity == "error" for f in findings)
+    assert all(f.kind == "lexical" for f in findings)
+    assert [f.severity for f in findings if f.severity != "error"] == ["warning"]   # a17 dropped by legacy
     assert "prolog" in messages[1]
     assert "single quotes" in messages[2]
     assert any("tab characters on 2 line(s), first at line 3" in m for m in (f.message for f in findings))
-    assert "17 attributes" in [f.message for f in findings if f.line == 3][-1]
+    line3 = [str(f) for f in findings if f.line == 3]
+    assert any("17 attributes; the executor reads at most 16" in m and "(executor runtime)" in m for m in line3)
+    assert any("17 attributes; the legacy lexer drops a16" in m for m in line3)
     assert "spans several lines" in messages[4]
     assert "255-character" in messages[6]
 
@@ -452,3 +455,16 @@ def test_ring_text_round_trips_through_the_parser():
     strip = lambda p: replace(p, line=0, gpus=tuple(replace(g, line=0, tbs=tuple(replace(
         tb, line=0, steps=tuple(replace(s, line=0) for s in tb.steps)) for tb in g.tbs)) for g in p.gpus))
     assert strip(parsed) == ring_allgather(3)
+
+
+def test_long_runs_of_nops_lint_in_linear_time():
+    """80k consecutive nops took 205 s when each nop looked ahead for the next real step; now well under 1 s."""
+    import time
+    n = 40_000
+    nops = tuple(Step(k, "nop", "i", 0, "o", 0, 1, 0, 0, 0) for k in range(n))
+    nops += (Step(n, "s", "o", 0, "o", 0, 1, 0, 0),)
+    program = edit_tb(ring_allgather(), 0, 1, steps=nops)
+    start = time.perf_counter()
+    findings = lint_program(program, "legacy")
+    assert time.perf_counter() - start < 5
+    assert "nop" not in kinds(findings)

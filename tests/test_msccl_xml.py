@@ -5,8 +5,10 @@ import re
 import defusedxml.ElementTree as ET
 import pytest
 
-from backends.msccl.ir import MAX_STEPS_EXECUTOR
-from backends.msccl.lowering import check_limits, lower_to_msccl, render_msccl_xml, schedule_to_msccl_xml
+from backends.msccl.lint import for_target
+from backends.msccl.limits import MAX_STEPS_EXECUTOR, runtime_limits
+from backends.msccl.lowering import lower_to_msccl, render_msccl_xml
+from backends.msccl.writer import emit_verified_xml
 from support.instances import DGX1_EVERY_COLLECTIVE
 from synth.errors import BackendError
 from synth.synthesis.steps import synthesize_steps
@@ -21,9 +23,14 @@ def dgx1_schedules(dgx1):
     return {coll: synthesize_steps(dgx1, coll, S, R, C).schedule for coll, S, R, C in DGX1_EVERY_COLLECTIVE}
 
 
+def verified_xml(schedule, target="executor"):
+    from synth.model.topology import load_topology
+    return emit_verified_xml(schedule, load_topology("dgx1"), target).text
+
+
 @pytest.mark.parametrize("coll", [c[0] for c in DGX1_EVERY_COLLECTIVE])
 def test_xml_has_required_attributes_and_lexical_rules(dgx1_schedules, coll):
-    text = schedule_to_msccl_xml(dgx1_schedules[coll])
+    text = verified_xml(dgx1_schedules[coll])
     assert not text.startswith("<?xml") and "\t" not in text
     for line in text.splitlines():
         assert line.count('="') <= 16
@@ -49,13 +56,13 @@ def test_xml_has_required_attributes_and_lexical_rules(dgx1_schedules, coll):
 
 def test_reducescatter_spelling_follows_target(dgx1_schedules):
     sched = dgx1_schedules["reducescatter"]
-    assert 'coll="reducescatter"' in schedule_to_msccl_xml(sched, target="executor")
-    assert 'coll="reduce_scatter"' in schedule_to_msccl_xml(sched, target="legacy")
+    assert 'coll="reducescatter"' in verified_xml(sched, target="executor")
+    assert 'coll="reduce_scatter"' in verified_xml(sched, target="legacy")
 
 
 def test_forwarded_chunks_use_fused_steps(dgx1_schedules):
-    assert 'type="rcs"' in schedule_to_msccl_xml(dgx1_schedules["allgather"])
-    assert 'type="rrs"' in schedule_to_msccl_xml(dgx1_schedules["reducescatter"])
+    assert 'type="rcs"' in verified_xml(dgx1_schedules["allgather"])
+    assert 'type="rrs"' in verified_xml(dgx1_schedules["reducescatter"])
 
 
 def test_unfused_lowering_has_separate_send_and_receive_threadblocks(dgx1_schedules):
@@ -65,22 +72,29 @@ def test_unfused_lowering_has_separate_send_and_receive_threadblocks(dgx1_schedu
         assert {st.type for tb in gpu.tbs for st in tb.steps} <= {"s", "r", "cpy"}
 
 
-def test_a_program_over_the_step_limit_is_refused(dgx1_schedules):
+def with_long_tb(program, steps: int):
+    """``program`` with tb 1 of gpu 0 made ``steps`` copies of its first step long."""
     import dataclasses
-    program = lower_to_msccl(dgx1_schedules["allgather"])
     gpu = program.gpus[0]
     tb = gpu.tbs[1]
-    long_tb = dataclasses.replace(tb, steps=tuple(dataclasses.replace(tb.steps[0], s=i) for i in range(300)))
-    big = dataclasses.replace(program, gpus=(dataclasses.replace(gpu, tbs=(gpu.tbs[0], long_tb) + gpu.tbs[2:]),)
-                              + program.gpus[1:])
-    problems = check_limits(big, "executor")
-    assert any("300 steps (limit 64" in p for p in problems)
-    assert any("limit 256" in p for p in check_limits(big, "legacy"))
+    long_tb = dataclasses.replace(tb, steps=tuple(dataclasses.replace(tb.steps[0], s=i) for i in range(steps)))
+    return dataclasses.replace(program, gpus=(dataclasses.replace(gpu, tbs=(gpu.tbs[0], long_tb) + gpu.tbs[2:]),)
+                               + program.gpus[1:])
+
+
+def test_a_program_over_the_step_limit_is_refused(dgx1_schedules):
+    program = lower_to_msccl(dgx1_schedules["allgather"])
+    big = with_long_tb(program, 300)
+    executor = [str(f) for f in for_target(runtime_limits(big), "executor")]
+    assert any("300 steps; both runtimes allow at most 256" in p for p in executor)
+    assert any("at most 256" in str(f) for f in for_target(runtime_limits(big), "legacy"))
     assert render_msccl_xml(program).count("<tb ") == sum(len(g.tbs) for g in program.gpus)
 
 
-def test_refusal_raises_backend_error(monkeypatch, dgx1_schedules):
-    import backends.msccl.lowering as mx
-    monkeypatch.setattr(mx, "check_limits", lambda program, target: ["gpu 0 tb 0: 99 steps (limit 64)"])
-    with pytest.raises(BackendError, match="breaks a runtime limit: gpu 0 tb 0: 99 steps"):
-        schedule_to_msccl_xml(dgx1_schedules["allgather"])
+def test_refusal_raises_backend_error(monkeypatch, dgx1, dgx1_schedules):
+    """A program the runtime cannot hold is refused with the rule named, and nothing is returned."""
+    import backends.msccl.writer as writer
+    big = with_long_tb(lower_to_msccl(dgx1_schedules["allgather"]), 99)
+    monkeypatch.setattr(writer, "lower_to_msccl", lambda *args, **kwargs: big)
+    with pytest.raises(BackendError, match="breaks a runtime rule: .*99 steps; the executor's default build allows"):
+        emit_verified_xml(dgx1_schedules["allgather"], dgx1)

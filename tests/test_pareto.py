@@ -285,7 +285,25 @@ def test_bundle_files_and_readme(dgx1_steps, tmp_path):
     text = (tmp_path / "README.txt").read_text()
     assert "MSCCL_ALGO_DIR" in text and "all_gather_perf -b 3K -e 768M" in text
     for f in plan.files:
-        assert f'minBytes="{f.min_bytes}"' in f.text and f'maxBytes="{f.max_bytes}"' in f.text
+        assert f'minBytes="{f.min_bytes}"' in f.text and f'maxBytes="{f.max_bytes_attribute}"' in f.text
+    assert [f.max_bytes_attribute for f in plan.files] == [plan.files[0].max_bytes, 0]   # the top: no limit
+    assert "and up" in text
+
+
+def test_legacy_bundle_ranges_select_every_size_they_claim(dgx1_steps):
+    """Legacy selects minBytes <= nBytes < maxBytes: each file's maxBytes is one past its range, the top one
+    the largest int64; every claimed edge size is selected by exactly one file."""
+    from backends.msccl.parse import parse_msccl_xml
+    from backends.msccl.selection import INT64_MAX
+    from synth.sweep.bundle import plan_bundle
+
+    topo, algs, sizes = dgx1_steps
+    plan = plan_bundle(algs, topo, sizes, sizes[0], sizes[-1], target="legacy")
+    programs = [parse_msccl_xml(f.text, f.file_name)[0] for f in plan.files]
+    assert [p.max_bytes for p in programs] == [f.max_bytes + 1 for f in plan.files[:-1]] + [INT64_MAX]
+    for size in {f.min_bytes for f in plan.files} | {f.max_bytes for f in plan.files} | {sizes[-1] * 4}:
+        chosen = [f for f, p in zip(plan.files, programs) if p.min_bytes <= size < p.max_bytes]
+        assert len(chosen) == 1, size
 
 
 def test_plot_skips_algorithms_left_out_of_the_choice(dgx1_steps, tmp_path):

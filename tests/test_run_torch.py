@@ -64,17 +64,17 @@ def test_plan_counts_messages_and_sizes_buffers():
     (None, r"run it with --nprocs 2"),
     (lambda g: [g[0], Gpu(1, 1, 2, 0, (g[1].tbs[0], tb(1, 0, 0, st(0, "s", "o", 1, cnt=2),
                                                        st(1, "r", "o", 0, "o", 0))))],
-     r"gpu 1/tb 1/step 0.srcoff: chunks 1..2 of buffer 'o' are outside its 2 chunk"),
+     r"gpu 1/tb 1/step 0: src o\[1:3\] is beyond o_chunks=2"),
     (lambda g: [g[0], Gpu(1, 1, 2, 0, (g[1].tbs[0], tb(1, 0, 0, st(0, "s", "o", 1), st(1, "r", "o", 0, "o", 0)),
                                        tb(2, 0, -1, st(0, "s", "o", 1))))],
-     r"already sends with gpu 0 on channel 0"),
+     r"gpu 1/tb 2: tbs 1 and 2 both send to gpu 0 on channel 0"),
     (lambda g: [g[0], Gpu(1, 1, 2, 0, (g[1].tbs[0], tb(1, 0, 0, st(0, "s", "o", 1), st(1, "r", "o", 0, "o", 0),
                                                        st(2, "s", "o", 1))))],
      r"gpu 1->gpu 0 channel 0: 2 message\(s\) sent but 1 received"),
-    (lambda g: [g[0], Gpu(1, 1, 2, 0, (g[1].tbs[0], tb(1, 0, 0, st(0, "s", "o", 1), st(5, "r", "o", 0, "o", 0))))],
-     r"gpu 1/tb 1/step 1: s=\"5\" must equal"),
+    (lambda g: [g[0], Gpu(1, 1, 2, 0, (tb(0, -1, -1, st(5, "cpy", "i", 0, "o", 1, hasdep=1)), g[1].tbs[1]))],
+     r"gpu 1/tb 0/step 0: s=5 but the step is at position 0, and dependencies name steps of this tb"),
     (lambda g: [g[0], Gpu(1, 1, 2, 0, (g[1].tbs[0], tb(1, 1, 0, st(0, "s", "o", 1), st(1, "r", "o", 0, "o", 0))))],
-     r"peer 1 is not another rank"),
+     r"gpu 1/tb 1: send=1 is itself"),
 ])
 def test_plan_refuses_what_the_runtime_would_trip_over(mutate, match):
     good = exchange_allgather()
@@ -95,7 +95,7 @@ def test_dependency_on_a_flag_nobody_publishes_is_refused():
     good = exchange_allgather()
     g0 = good.gpus[0]
     unpublished = Gpu(0, 1, 2, 0, (tb(0, -1, -1, st(0, "cpy", "i", 0, "o", 0)), g0.tbs[1]))
-    with pytest.raises(InputError, match=r"gpu 0/tb 1/step 0: waits for tb 0 step 0, but no step .* hasdep=1"):
+    with pytest.raises(InputError, match=r"gpu 0/tb 1/step 0: waits for tb 0 step 0, which has hasdep=0 and so never signals"):
         plan_program(program("allgather", [unpublished, good.gpus[1]], 2), 2)
 
 

@@ -66,12 +66,15 @@ from __future__ import annotations
 import bisect
 from collections import Counter, deque
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 import numpy as np
 
+from backends.msccl import conventions
 from backends.msccl.ir import STEP_TYPES, MscclProgram, Step
+from backends.msccl.limits import MAX_CNT, connection_findings
 
-from synth.model.collectives import ROOTED, Collective, make_collective, normalize_name
+from synth.model.collectives import ROOTED, Chunk, Collective, make_collective, normalize_name
 from synth.errors import InputError
 from backends.msccl.findings import Finding
 
@@ -177,18 +180,13 @@ def index_program(program: MscclProgram) -> ProgramIndex:
     for t, (gpu, tb) in enumerate(raw):
         out_c = conn((gpu.id, tb.send, tb.chan)) if peer_ok(gpu.id, tb.send, "send", tb) else None
         in_c = conn((tb.recv, gpu.id, tb.chan)) if peer_ok(gpu.id, tb.recv, "recv", tb) else None
-        for c, table, role in ((out_c, senders, "sending to"), (in_c, receivers, "receiving from")):
-            if c is None:
-                continue
-            if c in table:
-                other = raw[table[c]][1]
-                peer = tb.send if role == "sending to" else tb.recv
-                findings.append(Finding("connection", f"tbs {other.id} and {tb.id} are both {role} gpu {peer} on "
-                                        f"channel {tb.chan}; the runtime allows one", gpu=gpu.id, tb=tb.id,
-                                        line=tb.line))
-            else:
+        for c, table in ((out_c, senders), (in_c, receivers)):
+            if c is not None and c not in table:   # a second tb on the connection: a limit, reported below
                 table[c] = t
         plan.append((out_c, in_c))
+    for gpu in program.gpus:
+        if 0 <= gpu.id < ngpus:
+            findings += connection_findings(gpu)
 
     tbs = []
     for t, (gpu, tb) in enumerate(raw):
@@ -301,7 +299,9 @@ def make_layout(program: MscclProgram, collective: Collective | None, inplace: b
         if not inplace:
             offset, i_size, o_size = (0, 0), declared[0], declared[1]
         elif collective is not None:
-            offset = collective.inplace_offsets[rank]
+            loop = conventions.nchunksperloop(collective.name, collective.input_chunks, collective.num_ranks)
+            offset = tuple(int(o) for o in conventions.inplace_offsets(collective.name, rank, loop,
+                                                                        collective.num_ranks))
             i_size, o_size = collective.input_chunks, collective.output_chunks
         else:
             offset, i_size = (0, 0), max(declared[0], declared[1])
@@ -500,6 +500,10 @@ def resolve_collective(program: MscclProgram, name: str | None = None) -> tuple[
         if declared > 0 and declared % per_c == 0:
             chunks = declared // per_c
             break
+    if chunks is None and name == "allreduce":
+        # multiplier 1 (DESIGN section 7): any nchunksperloop runs, e.g. fewer chunks than ranks
+        loop = next(d for d in (o_max, i_max, program.nchunksperloop, 1) if d > 0)
+        return _allreduce_of(program.ngpus, loop), []
     if chunks is None:
         return None, [Finding("collective", f"cannot infer chunks per rank for {name} on {program.ngpus} ranks from "
                               f"o_chunks {o_max}, i_chunks {i_max} or nchunksperloop {program.nchunksperloop}")]
@@ -514,6 +518,16 @@ def resolve_collective(program: MscclProgram, name: str | None = None) -> tuple[
                                         f"ranks with {chunks} chunk(s) per rank has {coll.output_chunks}", "warning",
                                         gpu=g.id, line=g.line))
     return coll, findings
+
+
+def _allreduce_of(ngpus: int, loop: int) -> Collective:
+    """Allreduce over a buffer of ``loop`` chunks, when that is no multiple of the rank count (the collectives'
+    tables cut an Allreduce into ngpus x C chunks): every chunk sums each rank's piece of it exactly once."""
+    ranks = range(ngpus)
+    chunks = tuple(Chunk(k, tuple((q, k) for q in ranks), tuple((q, k) for q in ranks),
+                         tuple(((q, k), 1) for q in ranks)) for k in range(loop))
+    return Collective("allreduce", ngpus, Fraction(loop, ngpus), None, chunks, loop, loop, loop, True,
+                      ((0, 0),) * ngpus)
 
 
 def _outputs(program: MscclProgram, run: RunOutcome) -> dict:
@@ -784,7 +798,8 @@ class _Machine:
         cnt = max(step.cnt, 0)
         ref = (tb.gpu, tb.id, k)
         if step.cnt < 1:
-            self.findings.append(Finding("count", f"cnt {step.cnt} moves no chunk; cnt must be 1..71", gpu=tb.gpu,
+            self.findings.append(Finding("count", f"cnt {step.cnt} moves no chunk; cnt must be 1..{MAX_CNT}",
+                                         gpu=tb.gpu,
                                          tb=tb.id, step=k, line=step.line))
         if rec:
             value = self._received(msg, cnt, ref, step)

@@ -24,16 +24,14 @@ BUFFERS = ("i", "o", "s")
 PROTOCOLS = ("Simple", "LL", "LL128")
 # Spelling of the reduce-scatter collective per runtime target.
 COLL_SPELLING = {"executor": "reducescatter", "legacy": "reduce_scatter"}
+# Collectives the legacy loader refuses ("MSCCL: collective type gather is not supported").
+LEGACY_UNKNOWN_COLLECTIVES = ("gather", "scatter")
 
-# Runtime limits (DESIGN section 7).
-MAX_STEPS_EXECUTOR = 64
-MAX_STEPS_LEGACY = 256
-MAX_CNT = 71
-MAX_CHANNELS = 32
-MAX_TBS_PER_CHANNEL_DIRECTION = 32
-MAX_DEPID = 127
+# Characters an algorithm name written by synth may hold: no quote, angle bracket, ampersand or line break can
+# reach the runtimes' lexers, which decode no XML escapes (see :func:`safe_name`).
+NAME_ALPHABET = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.,:=+()")
+# Longest attribute value the runtimes' lexers read (DESIGN section 7); the other limits: backends.msccl.limits.
 MAX_ATTR_LEN = 254
-INT16_MAX = 32767
 
 
 @dataclass(frozen=True)
@@ -92,3 +90,12 @@ class MscclProgram:
     def collective(self) -> str:
         """The collective in our spelling (``reducescatter`` for both runtimes' spellings)."""
         return "reducescatter" if self.coll in ("reduce_scatter", "reducescatter") else self.coll
+
+
+def safe_name(text: str) -> str:
+    """``text`` with every character outside :data:`NAME_ALPHABET` replaced by ``_``, cut to fit a value.
+
+    >>> safe_name('synth_allgather_box" evil="1')
+    'synth_allgather_box__evil=_1'
+    """
+    return "".join(ch if ch in NAME_ALPHABET else "_" for ch in text)[:MAX_ATTR_LEN]

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import replace
-from fractions import Fraction
 from math import gcd
 
-from backends.msccl.ir import (BUFFERS, COLL_SPELLING, INT16_MAX, MAX_ATTR_LEN, MAX_CHANNELS, MAX_CNT, MAX_DEPID,
-                               MAX_STEPS_EXECUTOR, MAX_STEPS_LEGACY, MAX_TBS_PER_CHANNEL_DIRECTION, PROTOCOLS,
-                               STEP_TYPES, Gpu, MscclProgram, Step, Threadblock)
+from backends.msccl import conventions
+from backends.msccl.ir import (COLL_SPELLING, LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, PROTOCOLS, STEP_TYPES, Gpu,
+                               MscclProgram, Step, Threadblock)
+from backends.msccl.limits import (MAX_DEPID, buffer_findings, buffer_limits, connection_findings, nchannels_findings,
+                                   step_limit_findings, tb_limit_findings)
 
 from synth.errors import InputError
 from backends.msccl.findings import RUNTIMES, Finding
@@ -39,6 +40,11 @@ from backends.msccl.findings import RUNTIMES, Finding
 TARGETS = ("executor", "legacy", "both")
 EXECUTOR, LEGACY = ("executor",), ("legacy",)
 MAX_ATTRS_PER_ELEMENT = 16
+# Attributes the legacy loader reads, per element (DESIGN section 7; legacy needs name, not the executor's three).
+_NEEDED_ATTRIBUTES = {"algo": ("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace"),
+                      "gpu": ("id", "i_chunks", "o_chunks", "s_chunks"), "tb": ("id", "send", "recv", "chan"),
+                      "step": ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps",
+                               "hasdep")}
 MAX_FINDINGS_PER_KIND = 50        # per program; the rest are summarised in one finding
 TYPICAL_MIN_SMS = 80              # V100; all tbs of a GPU must be co-resident, one per SM
 
@@ -46,17 +52,7 @@ TYPICAL_MIN_SMS = 80              # V100; all tbs of a GPU must be co-resident, 
 # interpreter would have to guess (missing GPUs, peers that do not exist, dependencies on nothing).
 STRUCTURAL_KINDS = frozenset({"gpu-ids", "tb-ids", "tb-peer", "dependency", "step-buffer", "channel"})
 
-# Collectives whose buffers hold ngpus x count elements (DESIGN section 7: the chunk-size multiplier).
-_MULTIPLIER_IS_NGPUS = ("allgather", "reducescatter", "alltoall")
-# count x (input multiplier, output multiplier) elements per rank, by collective (nccl-tests' conventions);
-# gather/scatter are left out: their buffer layout in MSCCL is not pinned down, so only declared sizes count.
-_BUFFER_MULTIPLIERS = {"allgather": (1, "n"), "reducescatter": ("n", 1), "alltoall": ("n", "n"),
-                       "allreduce": (1, 1), "broadcast": (1, 1), "reduce": (1, 1)}
-_COLLS = ("allgather", "allreduce", "alltoall", "broadcast", "reduce", "gather", "scatter")
-
-# Which of a step's buffer references the executing GPU touches locally, by step type.
-_READS_SRC = {"s", "rrs", "rrc", "rrcs", "cpy", "re"}
-_WRITES_DST = {"r", "rcs", "rrc", "rrcs", "cpy", "re"}
+_COLLS = ("allgather", "allreduce", "alltoall", "broadcast", "reduce", "gather", "scatter", "custom")
 
 
 def lint_program(program: MscclProgram, target: str = "both", *, cap: bool = True) -> list[Finding]:
@@ -79,7 +75,7 @@ def lint_program(program: MscclProgram, target: str = "both", *, cap: bool = Tru
     """
     _check_target(target)
     raw: list[Finding] = []
-    for rule in (_algo_attributes, _algo_values, _selection, _gpu_ids):
+    for rule in (_algo_attributes, _algo_values, _selection, _gpu_ids, _legacy_buffer_chunks):
         raw.extend(rule(program))
     for gpu in program.gpus:
         raw.extend(_gpu_findings(program, gpu))
@@ -140,8 +136,12 @@ def _algo_attributes(p: MscclProgram) -> list[Finding]:
     missing = [name for name, value in (("minBytes", p.min_bytes), ("maxBytes", p.max_bytes),
                                         ("outofplace", p.outofplace)) if value is None]
     if missing:
-        out.append(Finding("algo-attributes", f"<algo> lacks {', '.join(missing)}: the executor silently skips "
-                           "this file and NCCL runs its own algorithm instead", runtimes=EXECUTOR, line=p.line))
+        # executor: mscclGetAlgoFromXmlFile fails on the file, and the loop over MSCCL_ALGO_DIR stops at the first
+        # file that fails (DESIGN section 7)
+        out.append(Finding("algo-attributes", f"<algo> lacks {', '.join(missing)}: the executor cannot load this "
+                           "file, and in MSCCL_ALGO_DIR it stops loading at the first such file, so every file after "
+                           "it (in path order) is lost too; NCCL runs its own algorithms instead",
+                           runtimes=EXECUTOR, line=p.line))
     if not p.name:
         out.append(Finding("algo-attributes", "<algo> has no name; the legacy runtime refuses the file",
                            runtimes=LEGACY, line=p.line))
@@ -154,21 +154,72 @@ def _algo_values(p: MscclProgram) -> list[Finding]:
     if p.proto not in PROTOCOLS:
         out.append(Finding("proto", f"proto {p.proto!r} is not one of {', '.join(PROTOCOLS)}", line=p.line))
     out.extend(_coll_spelling(p))
-    if not 1 <= p.nchannels <= MAX_CHANNELS:
-        out.append(Finding("channel", f"nchannels={p.nchannels} is outside 1..{MAX_CHANNELS}", line=p.line))
+    out.extend(nchannels_findings(p))
     for name, value in (("inplace", p.inplace), ("outofplace", p.outofplace)):
         if value not in (None, 0, 1):
             out.append(Finding("algo-attributes", f"{name}={value} should be 0 or 1", "warning", line=p.line))
     if p.inplace == 0 and p.outofplace == 0:
         out.append(Finding("selection", "inplace=0 and outofplace=0: the algorithm is never selected",
                            runtimes=EXECUTOR, line=p.line))
-    if p.min_bytes is not None and p.max_bytes is not None and not 0 <= p.min_bytes <= p.max_bytes:
-        out.append(Finding("selection", f"size range minBytes={p.min_bytes}..maxBytes={p.max_bytes} is empty: "
-                           "the algorithm is never selected", runtimes=EXECUTOR, line=p.line))
+    out.extend(_size_range(p))
+    out.extend(_legacy_inplace(p))
+    return out
+
+
+def _size_range(p: MscclProgram) -> list[Finding]:
+    """minBytes/maxBytes as each runtime reads them (DESIGN section 7, "Size ranges and selection")."""
+    low, high = p.min_bytes, p.max_bytes
+    if low is None or high is None:
+        return []
+    out = []
+    shown = f"minBytes={low}..maxBytes={high}"
+    # executor and RCCL (algorithm selection): nBytes >= minBytes && (maxBytes == 0 || nBytes <= maxBytes)
+    if low < 0 or (high != 0 and low > high):
+        out.append(Finding("selection", f"size range {shown} is empty for the executor (maxBytes=0 would mean no "
+                           "upper limit): the algorithm is never selected", runtimes=EXECUTOR, line=p.line))
+    # legacy loader: refuses minBytes > maxBytes; legacy selection: minBytes <= nBytes < maxBytes
+    if low > high:
+        why = " (maxBytes=0 means no upper limit only to the executor)" if high == 0 else ""
+        out.append(Finding("selection", f"the legacy loader refuses minBytes > maxBytes ({shown}){why}",
+                           runtimes=LEGACY, line=p.line))
+    elif high <= max(low, 0):
+        out.append(Finding("selection", f"size range {shown} is empty for the legacy runtime, which selects only "
+                           "sizes below maxBytes: the algorithm is never selected", runtimes=LEGACY, line=p.line))
+    return out
+
+
+def _legacy_inplace(p: MscclProgram) -> list[Finding]:
+    """Legacy selection matches the file's ``inplace`` to the call's exactly, so a file cannot serve both."""
+    if p.inplace == 1 and p.outofplace == 1:
+        return [Finding("selection", "the legacy runtime selects this file for in-place calls only (it matches "
+                        "inplace to the call exactly); out-of-place calls run NCCL's own algorithm", "warning",
+                        runtimes=LEGACY, line=p.line)]
+    return []
+
+
+def _legacy_buffer_chunks(p: MscclProgram) -> list[Finding]:
+    """The legacy loader checks ``i_chunks * m_in == nchunksperloop`` (and for ``o_chunks``) where they are > 0;
+    m is the collective's buffer multiplier (:mod:`backends.msccl.conventions`; custom: 1, so i = o = L)."""
+    if p.coll in LEGACY_UNKNOWN_COLLECTIVES or p.nchunksperloop < 1:
+        return []
+    sizes = conventions.buffer_chunks(p.collective, p.nchunksperloop, p.ngpus)
+    want = (p.nchunksperloop, p.nchunksperloop) if sizes is None else (sizes.input, sizes.output)
+    out = []
+    for gpu in p.gpus:
+        for name, declared, required in (("i_chunks", gpu.i_chunks, want[0]), ("o_chunks", gpu.o_chunks, want[1])):
+            if declared > 0 and declared != required:
+                out.append(Finding("buffer-chunks", f"{name}={declared}, but the legacy loader requires "
+                                   f"{_show(required)} for {p.coll} with nchunksperloop={p.nchunksperloop} (or 0) "
+                                   "and refuses the file", runtimes=LEGACY, gpu=gpu.id, line=gpu.line))
     return out
 
 
 def _coll_spelling(p: MscclProgram) -> list[Finding]:
+    """The collectives each loader knows, in its spelling."""
+    if p.coll in LEGACY_UNKNOWN_COLLECTIVES:
+        # legacy loader: "MSCCL: collective type gather is not supported"
+        return [Finding("coll", f"the legacy runtime knows no {p.coll} and refuses the file; write it for the "
+                        "executor", runtimes=LEGACY, line=p.line)]
     if p.coll in COLL_SPELLING.values():
         return [Finding("coll", f"coll={p.coll!r} is spelled {COLL_SPELLING[runtime]!r} for the {runtime} runtime, "
                         "which does not recognise this file's spelling", runtimes=(runtime,), line=p.line)
@@ -176,11 +227,6 @@ def _coll_spelling(p: MscclProgram) -> list[Finding]:
     if p.coll not in _COLLS:
         return [Finding("coll", f"coll={p.coll!r} is not an MSCCL collective", line=p.line)]
     return []
-
-
-def _multiplier(p: MscclProgram) -> int:
-    """DESIGN section 7: chunk size S = count * multiplier / nchunksperloop."""
-    return p.ngpus if p.collective in _MULTIPLIER_IS_NGPUS else 1
 
 
 def _selection(p: MscclProgram) -> list[Finding]:
@@ -191,10 +237,11 @@ def _selection(p: MscclProgram) -> list[Finding]:
     """
     if p.nchunksperloop < 1:
         return [Finding("selection", f"nchunksperloop={p.nchunksperloop} must be at least 1", line=p.line)]
-    g = p.nchunksperloop // gcd(p.nchunksperloop, _multiplier(p))
+    multiplier = conventions.multiplier(p.collective, p.ngpus)
+    g = p.nchunksperloop // gcd(p.nchunksperloop, multiplier)
     if g & (g - 1) == 0:
         return []
-    return [Finding("selection", f"the algorithm only runs when count*{_multiplier(p)} % nchunksperloop="
+    return [Finding("selection", f"the algorithm only runs when count*{multiplier} % nchunksperloop="
                     f"{p.nchunksperloop} == 0, i.e. when the element count is a multiple of {g}; power-of-two "
                     "sizes never are, and NCCL then silently uses its own algorithm", "warning", line=p.line)]
 
@@ -220,19 +267,33 @@ def _gpu_ids(p: MscclProgram) -> list[Finding]:
 # --- gpu-, tb- and step-level rules -----------------------------------------------------------------------
 
 def _gpu_findings(p: MscclProgram, gpu: Gpu) -> list[Finding]:
-    out = _tb_ids(gpu) + _connections(gpu)
+    out = _tb_ids(gpu) + connection_findings(gpu)
     if len(gpu.tbs) > TYPICAL_MIN_SMS:
         out.append(Finding("tb-count", f"{len(gpu.tbs)} threadblocks; all must be co-resident (one per SM) and "
                            f"some GPUs have only {TYPICAL_MIN_SMS} SMs", "warning", gpu=gpu.id, line=gpu.line))
+    signals = {tb.id: _next_index(tb.steps, lambda st: st.hasdep and st.type != "nop") for tb in gpu.tbs}
     tbs_by_id = {tb.id: tb for tb in gpu.tbs}
-    limits = _buffer_limits(p, gpu)
+    awaited = {st.depid for tb in gpu.tbs for st in tb.steps if st.depid >= 0}
+    limits = buffer_limits(p, gpu)
     for tb in gpu.tbs:
         out.extend(_tb_findings(p, gpu, tb))
+        out.extend(tb_limit_findings(p, gpu, tb))
+        real = _next_index(tb.steps, lambda st: st.type != "nop")
         for index, step in enumerate(tb.steps):
             where = {"gpu": gpu.id, "tb": tb.id, "step": index, "line": step.line}
-            out.extend(_step_findings(tb, index, step, where))
-            out.extend(_buffer_findings(step, limits, where))
-            out.extend(_dependency_findings(tbs_by_id, step, where))
+            out.extend(_step_findings(tb, index, step, where, tb.id in awaited, real))
+            out.extend(step_limit_findings(step, where))
+            out.extend(buffer_findings(step, limits, where))
+            out.extend(_dependency_findings(tbs_by_id, signals, step, where))
+    return out
+
+
+def _next_index(steps, wanted) -> list[int | None]:
+    """Per position k, the first position >= k whose step is ``wanted`` (None if none): one backward pass, so
+    rules that look ahead stay linear in long runs of nops."""
+    out: list[int | None] = [None] * (len(steps) + 1)
+    for k in range(len(steps) - 1, -1, -1):
+        out[k] = k if wanted(steps[k]) else out[k + 1]
     return out
 
 
@@ -249,57 +310,29 @@ def _tb_ids(gpu: Gpu) -> list[Finding]:
     return out
 
 
-def _connections(gpu: Gpu) -> list[Finding]:
-    """One tb per (peer, channel, direction); at most 32 sending and 32 receiving tbs per channel."""
-    out = []
-    owner: dict[tuple[int, int, str], int] = {}
-    per_channel: Counter = Counter()
-    for tb in gpu.tbs:
-        for direction, peer in (("send", tb.send), ("recv", tb.recv)):
-            if peer < 0:
-                continue
-            per_channel[(tb.chan, direction)] += 1
-            key = (peer, tb.chan, direction)
-            if key in owner:
-                out.append(Finding("tb-connection", f"tbs {owner[key]} and {tb.id} both {direction} "
-                                   f"{'to' if direction == 'send' else 'from'} gpu {peer} on channel {tb.chan}; "
-                                   "at most one tb per (peer, channel, direction)", gpu=gpu.id, tb=tb.id,
-                                   line=tb.line))
-            else:
-                owner[key] = tb.id
-    for (chan, direction), count in sorted(per_channel.items()):
-        if count > MAX_TBS_PER_CHANNEL_DIRECTION:
-            out.append(Finding("tb-connection", f"{count} tbs {direction} on channel {chan}; at most "
-                               f"{MAX_TBS_PER_CHANNEL_DIRECTION}", gpu=gpu.id, line=gpu.line))
-    return out
-
-
 def _tb_findings(p: MscclProgram, gpu: Gpu, tb: Threadblock) -> list[Finding]:
-    """Peers, channel and step count of one threadblock."""
+    """Peers of one threadblock (its channel and step count are limits: :mod:`backends.msccl.limits`)."""
     out = []
     where = {"gpu": gpu.id, "tb": tb.id, "line": tb.line}
     for name, peer in (("send", tb.send), ("recv", tb.recv)):
         if peer != -1 and (peer == gpu.id or not 0 <= peer < p.ngpus):
             why = "itself" if peer == gpu.id else f"not a rank (0..{p.ngpus - 1})"
             out.append(Finding("tb-peer", f"{name}={peer} is {why}; use -1 or another rank", **where))
-    if not 0 <= tb.chan < p.nchannels:
-        out.append(Finding("channel", f"chan={tb.chan} is outside 0..{p.nchannels - 1} (nchannels={p.nchannels})",
-                           **where))
-    n = len(tb.steps)
-    if n > MAX_STEPS_LEGACY:
-        out.append(Finding("steps-per-tb", f"{n} steps; both runtimes allow at most {MAX_STEPS_LEGACY} per tb",
-                           **where))
-    elif n > MAX_STEPS_EXECUTOR:
-        out.append(Finding("steps-per-tb", f"{n} steps; the executor's default build allows {MAX_STEPS_EXECUTOR} "
-                           f"per tb (legacy and a rebuilt executor {MAX_STEPS_LEGACY})", runtimes=EXECUTOR, **where))
     return out
 
 
-def _step_findings(tb: Threadblock, index: int, step: Step, where: dict) -> list[Finding]:
+def _step_findings(tb: Threadblock, index: int, step: Step, where: dict, awaited: bool,
+                   real: list) -> list[Finding]:
     """Position, count, direction against the tb's peers, and nop placement."""
     out = []
     if step.s != index:
-        out.append(Finding("step-index", f"s={step.s} but the step is at position {index}", **where))
+        # both loaders read steps in file order and accept any s while no dependency names the tb's steps
+        if awaited:
+            out.append(Finding("step-index", f"s={step.s} but the step is at position {index}, and dependencies "
+                               "name steps of this tb: the runtimes count them by position", **where))
+        else:
+            out.append(Finding("step-index", f"s={step.s} but the step is at position {index}; the runtimes "
+                               "ignore it (no dependency names this tb), other tools may not", "warning", **where))
     if step.type not in STEP_TYPES:
         return out + [Finding("step-type", f"type {step.type!r} is unknown", **where)]
     receives, sends, _, _ = STEP_TYPES[step.type]
@@ -308,17 +341,15 @@ def _step_findings(tb: Threadblock, index: int, step: Step, where: dict) -> list
     if receives and tb.recv == -1:
         out.append(Finding("tb-direction", f"'{step.type}' receives but the tb has recv=-1", **where))
     if step.type == "nop":
-        out.extend(_nop_findings(tb, index, where))
-    elif not 1 <= step.cnt <= MAX_CNT:
-        out.append(Finding("step-cnt", f"cnt={step.cnt} is outside 1..{MAX_CNT}", **where))
+        out.extend(_nop_findings(tb, real[index + 1], where))
     if step.hasdep not in (0, 1):
         out.append(Finding("dependency", f"hasdep={step.hasdep} should be 0 or 1", "warning", **where))
     return out
 
 
-def _nop_findings(tb: Threadblock, index: int, where: dict) -> list[Finding]:
+def _nop_findings(tb: Threadblock, next_real: int | None, where: dict) -> list[Finding]:
     """A nop (or chain of nops) adds a dependency to the next real step, which must itself have one."""
-    after = next((s for s in tb.steps[index + 1:] if s.type != "nop"), None)
+    after = None if next_real is None else tb.steps[next_real]
     if after is None:
         return [Finding("nop", "nop is not followed by a real step: its dependency is attached to nothing",
                         **where)]
@@ -328,65 +359,7 @@ def _nop_findings(tb: Threadblock, index: int, where: dict) -> list[Finding]:
     return []
 
 
-def _buffer_limits(p: MscclProgram, gpu: Gpu) -> dict:
-    """Per buffer: (declared chunks, real chunks or None, offset added, aliased) for the range check.
-
-    Real chunks follow from the collective (nchunksperloop x the buffer's element multiplier / multiplier).
-    In-place, ``i`` and ``o`` are one buffer; allgather's input sits at rank x its size inside it, and
-    reducescatter's output at rank x its size.
-    """
-    real = _real_chunks(p)
-    limits = {"i": (gpu.i_chunks, real[0], 0, False), "o": (gpu.o_chunks, real[1], 0, False),
-              "s": (gpu.s_chunks, None, 0, False)}
-    if p.inplace != 1:
-        return limits
-    unified_declared = max(gpu.i_chunks, gpu.o_chunks)
-    unified_real = None if real[0] is None else max(real)
-    shift_i = real[0] * gpu.id if p.collective == "allgather" and real[0] is not None else 0
-    shift_o = real[1] * gpu.id if p.collective == "reducescatter" and real[1] is not None else 0
-    limits["i"] = (unified_declared, unified_real, shift_i, True)
-    limits["o"] = (unified_declared, unified_real, shift_o, True)
-    return limits
-
-
-def _real_chunks(p: MscclProgram) -> tuple:
-    """(input, output) buffer sizes in chunks implied by nchunksperloop, or (None, None) when unknown."""
-    factors = _BUFFER_MULTIPLIERS.get(p.collective)
-    if factors is None or p.nchunksperloop < 1:
-        return (None, None)
-    sizes = [Fraction(p.nchunksperloop * (p.ngpus if f == "n" else f), _multiplier(p)) for f in factors]
-    return tuple(sizes)
-
-
-def _buffer_findings(step: Step, limits: dict, where: dict) -> list[Finding]:
-    """Offsets are >= 0 and fit int16; offset+cnt stays inside the buffer the GPU touches."""
-    if step.type == "nop" or step.type not in STEP_TYPES:
-        return []
-    out = []
-    for role, buf, off in (("src", step.srcbuf, step.srcoff), ("dst", step.dstbuf, step.dstoff)):
-        if not 0 <= off <= INT16_MAX:
-            out.append(Finding("step-buffer", f"{role}off={off} is outside 0..{INT16_MAX} (int16)", **where))
-            continue
-        local = step.type in (_READS_SRC if role == "src" else _WRITES_DST)
-        if not local or buf not in BUFFERS:
-            continue
-        declared, real, shift, aliased = limits[buf]
-        end = shift + off + step.cnt
-        if end > declared:
-            size = (f"the in-place buffer of {declared} chunks ({buf} starts at chunk {shift})" if aliased
-                    else f"{buf}_chunks={declared}")
-            out.append(Finding("step-buffer", f"{role} {buf}[{off}:{off + step.cnt}] is beyond {size}", **where))
-        elif real is not None and end > real:
-            out.append(Finding("step-buffer", f"{role} {buf}[{off}:{off + step.cnt}] is beyond the real buffer "
-                               f"({_show_chunks(real)} chunks for this collective and nchunksperloop)", **where))
-    return out
-
-
-def _show_chunks(value: Fraction) -> str:
-    return str(value.numerator) if value.denominator == 1 else f"{float(value):.3g}"
-
-
-def _dependency_findings(tbs_by_id: dict, step: Step, where: dict) -> list[Finding]:
+def _dependency_findings(tbs_by_id: dict, signals: dict, step: Step, where: dict) -> list[Finding]:
     """depid/deps name an existing tb and step on this GPU whose progress is actually signalled.
 
     A waiting step is released when tb ``depid`` publishes progress >= ``deps``; only non-nop steps with
@@ -397,7 +370,7 @@ def _dependency_findings(tbs_by_id: dict, step: Step, where: dict) -> list[Findi
             return [Finding("dependency", f"deps={step.deps} without depid is ignored", "warning", **where)]
         return []
     if not 0 <= step.depid <= MAX_DEPID:
-        return [Finding("dependency", f"depid={step.depid} is outside -1 or 0..{MAX_DEPID}", **where)]
+        return []   # a limit (backends.msccl.limits)
     target = tbs_by_id.get(step.depid)
     if target is None:
         return [Finding("dependency", f"depid={step.depid} names no tb on this gpu", **where)]
@@ -408,7 +381,8 @@ def _dependency_findings(tbs_by_id: dict, step: Step, where: dict) -> list[Findi
     if awaited.hasdep and awaited.type != "nop":
         return []
     why = "is a nop" if awaited.type == "nop" else "has hasdep=0"
-    later = next((s for s in target.steps[step.deps + 1:] if s.hasdep and s.type != "nop"), None)
+    next_signal = signals[step.depid][step.deps + 1]
+    later = None if next_signal is None else target.steps[next_signal]
     if later is None:
         return [Finding("dependency", f"waits for tb {step.depid} step {step.deps}, which {why} and so never "
                         "signals (nor does any later step): the program hangs", **where)]
@@ -447,21 +421,37 @@ def _tag_findings(tag: str, body: str, line: int) -> list[Finding]:
         out.append(Finding("lexical", f"<{tag}> spans several lines; the lexers need each element's attributes "
                            "on one line", line=line))
     values = _attribute_values(body)
-    if any(quote == "'" for quote, _ in values):
+    if any(quote == "'" for _, quote, _ in values):
         out.append(Finding("lexical", f"<{tag}> uses single quotes; the lexers only accept double quotes",
                            line=line))
     if len(values) > MAX_ATTRS_PER_ELEMENT:
-        out.append(Finding("lexical", f"<{tag}> has {len(values)} attributes; at most {MAX_ATTRS_PER_ELEMENT}",
-                           line=line))
-    longest = max((len(v) for _, v in values), default=0)
+        out.extend(_attribute_count(tag, [name for name, _, _ in values], line))
+    longest = max((len(v) for _, _, v in values), default=0)
     if longest > MAX_ATTR_LEN:
         out.append(Finding("lexical", f"<{tag}> has a {longest}-character attribute value; at most {MAX_ATTR_LEN}",
                            line=line))
     return out
 
 
-def _attribute_values(body: str) -> list[tuple[str, str]]:
-    """(quote, value) of each ``name=value`` in a start tag, scanning once (no regex backtracking)."""
+def _attribute_count(tag: str, names: list[str], line: int) -> list[Finding]:
+    """More than 16 attributes: the executor's lexer fails on the element; the legacy lexer drops the rest,
+    which matters only when a dropped one is needed (DESIGN section 7)."""
+    dropped = names[MAX_ATTRS_PER_ELEMENT:]
+    out = [Finding("lexical", f"<{tag}> has {len(names)} attributes; the executor reads at most "
+                   f"{MAX_ATTRS_PER_ELEMENT}", runtimes=EXECUTOR, line=line)]
+    needed = [name for name in dropped if name in _NEEDED_ATTRIBUTES.get(tag, ())]
+    if needed:
+        out.append(Finding("lexical", f"<{tag}> has {len(names)} attributes; the legacy lexer drops those after the "
+                           f"{MAX_ATTRS_PER_ELEMENT}th, among them {', '.join(needed)}, which it needs",
+                           runtimes=LEGACY, line=line))
+    else:
+        out.append(Finding("lexical", f"<{tag}> has {len(names)} attributes; the legacy lexer drops "
+                           f"{', '.join(dropped)}", "warning", runtimes=LEGACY, line=line))
+    return out
+
+
+def _attribute_values(body: str) -> list[tuple[str, str, str]]:
+    """(name, quote, value) of each ``name=value`` in a start tag, scanning once (no regex backtracking)."""
     out = []
     pos = body.find("=")
     while pos >= 0:
@@ -475,12 +465,17 @@ def _attribute_values(body: str) -> list[tuple[str, str]]:
         end = body.find(quote, start + 1)
         if end < 0:
             break
-        out.append((quote, body[start + 1:end]))
+        name = body[:pos].rstrip().rsplit(None, 1)[-1] if body[:pos].strip() else ""
+        out.append((name, quote, body[start + 1:end]))
         pos = body.find("=", end + 1)
     return out
 
 
 # --- small helpers ----------------------------------------------------------------------------------------
+
+def _show(value) -> str:
+    return str(value.numerator) if getattr(value, "denominator", 1) == 1 else f"{float(value):.3g}"
+
 
 def _check_target(target: str) -> None:
     if target not in TARGETS:

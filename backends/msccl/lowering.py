@@ -15,24 +15,23 @@ Lowering, per rank:
 ``fuse=False`` gives the simplest program: one send threadblock per out-peer and one receive threadblock per
 in-peer, which is deadlock-free even with zero-buffer (rendezvous) sends.
 
-Rendering is a pure function through a jinja2 template; :func:`check_limits` refuses programs that break a
-runtime limit, naming it.
+Rendering is a pure function through a jinja2 template. Files are written only through
+:mod:`backends.msccl.writer`, which judges the rendered text before anything is written.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 
 import jinja2
 
 from synth.errors import BackendError
-from synth.fileio import write_atomic
 from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
 
-from backends.msccl.ir import (COLL_SPELLING, INT16_MAX, MAX_CHANNELS, MAX_CNT, MAX_DEPID, MAX_STEPS_EXECUTOR,
-                       MAX_STEPS_LEGACY, MAX_TBS_PER_CHANNEL_DIRECTION, Gpu, MscclProgram, Step, Threadblock)
+from backends.msccl import conventions
+from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock, safe_name
+from backends.msccl.limits import MAX_CHANNELS, max_steps
 
 DEFAULT_MAX_BYTES = 1 << 40
 TARGETS = ("executor", "legacy")
@@ -278,12 +277,15 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
                               channels)
     coll = schedule.collective
-    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, topology) for plan in plans]
+    peers = _PeerSlots({op.send: op.src for plan in plans for op in plan.ops if op.send is not None},
+                       {op.recv: op.dst for plan in plans for op in plan.ops if op.recv is not None})
+    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology) for plan in plans]
     nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     inplace = 0 if coll.name == "alltoall" else 1
     return MscclProgram(
-        name=name or f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}",
-        proto=proto, nchannels=nchannels, nchunksperloop=coll.loop_chunks, ngpus=coll.num_ranks,
+        name=name or safe_name(f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}"),
+        proto=proto, nchannels=nchannels, ngpus=coll.num_ranks,
+        nchunksperloop=conventions.nchunksperloop(coll.name, coll.input_chunks, coll.num_ranks),
         coll=COLL_SPELLING[target] if coll.name == "reducescatter" else coll.name, inplace=inplace,
         outofplace=1, min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
 
@@ -319,7 +321,7 @@ def _spread_over_channels(schedule: Schedule, channels: int) -> dict:
 
 def channels_needed(program: MscclProgram, target: str = "executor") -> int:
     """Channels a plain lowering needs so that no threadblock exceeds the target's steps limit."""
-    limit = MAX_STEPS_EXECUTOR if target == "executor" else MAX_STEPS_LEGACY
+    limit = max_steps(target)
     longest = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
     return max(1, -(-longest // limit))
 
@@ -356,7 +358,26 @@ def _add_dependencies(ops: list[_Op], key) -> None:
             readers_since[src].append(op)
 
 
-def _emit_gpu(plan: _RankPlan, scratch: int, coll, topology=None) -> Gpu:
+@dataclass(frozen=True)
+class _PeerSlots:
+    """Where each transfer is read at its sender and written at its receiver.
+
+    A plain send's destination fields and a plain receive's source fields name nothing local; msccl-tools writes
+    the other end's slot there, and checkers such as MSCCL-XML-Verifier match messages by them (the runtimes do
+    not read them)."""
+
+    sent_from: dict
+    received_into: dict
+
+    def fields(self, op: _Op) -> tuple[tuple[str, int], tuple[str, int]]:
+        if op.kind == "s":
+            return op.src, self.received_into.get(op.send, op.dst)
+        if op.kind == "r":
+            return self.sent_from.get(op.recv, op.src), op.dst
+        return op.src, op.dst
+
+
+def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None) -> Gpu:
     by_tb = defaultdict(list)
     for op in plan.ops:
         by_tb[op.tb_key].append(op)
@@ -398,43 +419,13 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, topology=None) -> Gpu:
                 emitted.append(Step(i, "nop", "i", 0, "o", 0, 1, depid, deps, 0))
                 continue
             hasdep = 1 if id(op) in published else 0
-            (sb, so), (db, do) = op.src, op.dst
+            (sb, so), (db, do) = peers.fields(op)
             emitted.append(Step(i, op.kind, sb, so, db, do, 1, depid, deps, hasdep))
         out_tbs.append(Threadblock(tb_id[k], send, recv, chan, tuple(emitted)))
     return Gpu(plan.rank, coll.input_chunks, coll.output_chunks, scratch, tuple(out_tbs))
 
 
-# ----------------------------------------------------------------------------------------------- limits + render
-
-def check_limits(program: MscclProgram, target: str = "executor") -> list[str]:
-    """Runtime limits (DESIGN 7) this program breaks; empty when it loads on the target runtime."""
-    problems = []
-    max_steps = MAX_STEPS_EXECUTOR if target == "executor" else MAX_STEPS_LEGACY
-    if program.nchannels > MAX_CHANNELS:
-        problems.append(f"{program.nchannels} channels (limit {MAX_CHANNELS})")
-    for gpu in program.gpus:
-        per_channel = defaultdict(lambda: [0, 0])
-        if len(gpu.tbs) - 1 > MAX_DEPID:
-            problems.append(f"gpu {gpu.id}: {len(gpu.tbs)} threadblocks; depid would exceed {MAX_DEPID}")
-        for tb in gpu.tbs:
-            if len(tb.steps) > max_steps:
-                problems.append(f"gpu {gpu.id} tb {tb.id}: {len(tb.steps)} steps (limit {max_steps} for the "
-                                f"{target} runtime{'; rebuild the executor or use --target legacy' if target == 'executor' else ''})")
-            if tb.send >= 0:
-                per_channel[tb.chan][0] += 1
-            if tb.recv >= 0:
-                per_channel[tb.chan][1] += 1
-            for st in tb.steps:
-                if not 1 <= st.cnt <= MAX_CNT:
-                    problems.append(f"gpu {gpu.id} tb {tb.id} step {st.s}: cnt {st.cnt} outside 1..{MAX_CNT}")
-                if max(st.srcoff, st.dstoff) > INT16_MAX:
-                    problems.append(f"gpu {gpu.id} tb {tb.id} step {st.s}: offset does not fit int16")
-        for chan, (nsend, nrecv) in per_channel.items():
-            if nsend > MAX_TBS_PER_CHANNEL_DIRECTION or nrecv > MAX_TBS_PER_CHANNEL_DIRECTION:
-                problems.append(f"gpu {gpu.id} channel {chan}: {nsend} sending / {nrecv} receiving threadblocks "
-                                f"(limit {MAX_TBS_PER_CHANNEL_DIRECTION})")
-    return problems
-
+# ----------------------------------------------------------------------------------------------- render
 
 _ENV = jinja2.Environment(loader=jinja2.PackageLoader("backends.msccl", "templates"), undefined=jinja2.StrictUndefined,
                           autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
@@ -443,20 +434,3 @@ _ENV = jinja2.Environment(loader=jinja2.PackageLoader("backends.msccl", "templat
 def render_msccl_xml(program: MscclProgram) -> str:
     """The program as MSCCL XML text (no prolog, two-space indentation, each element on one line)."""
     return _ENV.get_template("msccl.xml.j2").render(algo=program)
-
-
-def schedule_to_msccl_xml(schedule: Schedule, target: str = "executor", **kwargs) -> str:
-    """Lower, check limits (raising BackendError naming the limit) and render."""
-    program = lower_to_msccl(schedule, target=target, **kwargs)
-    problems = check_limits(program, target)
-    if problems:
-        raise BackendError("refusing to write MSCCL XML that breaks a runtime limit: " + "; ".join(problems[:3]))
-    return render_msccl_xml(program)
-
-
-def write_msccl_xml(schedule: Schedule, topology, path, size_bytes: int | None = None, target: str = "executor",
-                    **kwargs) -> str:
-    """Write the schedule's MSCCL XML atomically to ``path``; returns the text."""
-    text = schedule_to_msccl_xml(schedule, target=target, **kwargs)
-    write_atomic(Path(path), text)
-    return text

@@ -58,7 +58,7 @@ INT64_MAX = (1 << 63) - 1
 
 # The collectives MSCCL knows, in either runtime's spelling (DESIGN section 7).
 KNOWN_COLLS = ("allgather", "allreduce", "alltoall", "broadcast", "reduce", "gather", "scatter",
-               "reducescatter", "reduce_scatter")
+               "reducescatter", "reduce_scatter", "custom")
 
 _INT_RE = re.compile(r"-?[0-9]{1,19}")
 _WRAPPER = "synth-msccl-file"     # synthetic root: lets one file hold several <algo> documents

@@ -31,6 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from backends.msccl import conventions
 from backends.msccl.ir import STEP_TYPES, MscclProgram
 
 from synth.model.collectives import make_collective
@@ -151,11 +152,9 @@ def simulate_program(program: MscclProgram, topology: Topology, size_bytes: floa
         raise InputError("--size", "", f"size must be positive, got {size_bytes}")
     index = index_program(program)
     _check_fits(program, index, topology)
-    loop_chunks = program.nchunksperloop
-    if program.collective in ("gather", "scatter"):
-        # MSCCL counts these per rank's part (count = sendcount/recvcount); nccl-tests' size is the whole buffer
-        loop_chunks *= program.ngpus
-    chunk_bytes = size_bytes / loop_chunks if loop_chunks > 0 else float(size_bytes)
+    # nccl-tests' size is the larger buffer (conventions: gather/scatter count one rank's part)
+    chunk_bytes = float(size_bytes / conventions.size_chunks(program.collective, program.nchunksperloop,
+                                                             program.ngpus))
     depth = runtime_fifo_depth(program) if fifo_depth is None else fifo_depth
     timeline = _Timeline(index, topology, chunk_bytes, reduce_us_per_byte, alpha_occupies, depth)
     end_us = timeline.run()

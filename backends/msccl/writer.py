@@ -1,66 +1,145 @@
-"""Emit MSCCL XML that has been executed, not just generated.
+"""The one way synth writes MSCCL XML: every file is lowered with its topology, rendered, read back and judged.
 
-Both lowerings of a schedule (fused ``rcs``/``rrs`` chains, and plain separate send/receive threadblocks, which
-are deadlock-free even with rendezvous sends; spread over more channels when a connection has more messages
-than a threadblock may hold steps) are run by the step-level interpreter (exact data, deadlock and
-race checks). Of those that pass and respect the runtime limits, the one the simulator times fastest on the
-topology at the requested size (with the runtime's FIFO depth) is returned; the fused one wins ties within 1%
-(fewer threadblocks and no cross-threadblock synchronisation). If neither passes it is a bug, and nothing is
-written.
+:func:`emit_verified_xml` lowers a schedule both ways (fused ``rcs``/``rrs`` chains, and plain separate
+send/receive threadblocks, which are deadlock-free even with rendezvous sends; spread over more channels when a
+connection has more messages than a threadblock may hold steps). Each variant is rendered, the *text* is parsed
+back with our parser and judged by :func:`backends.msccl.verdict.check_text` for the target, exactly as
+``synth check`` judges a file (lexical rules, runtime rules and limits, data-exact execution). Of the variants
+that pass, the one the simulator times fastest on the topology at the requested size (with the runtime's FIFO
+depth) is returned; the fused one wins ties within 1% (fewer threadblocks and no cross-threadblock
+synchronisation). If none passes, nothing is returned: :class:`~synth.errors.BackendError` when the program
+does not fit the runtime (a limit, or a rule of the target), :class:`~synth.errors.VerificationError` when it is
+wrong (a bug).
+
+Callers (``synth solve``, ``synth baseline -o``, the pareto bundle) write only what this returns
+(:func:`write_verified_xml`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Sequence
 
-from backends.msccl.lowering import channels_needed, check_limits, lower_to_msccl, render_msccl_xml
-
-from synth.errors import BackendError, VerificationError
-from backends.msccl.interpret import execute_program
+from synth.errors import BackendError, InputError, VerificationError
+from synth.fileio import write_atomic
+from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
+
+from backends.msccl.ir import LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
+from backends.msccl.limits import LIMIT_KINDS
+from backends.msccl.lowering import DEFAULT_MAX_BYTES, channels_needed, lower_to_msccl, render_msccl_xml
 from backends.msccl.simulate import simulate_program
+from backends.msccl.verdict import check_text
 
 TIE = 0.01
 
 
 @dataclass(frozen=True)
 class EmittedXml:
+    """Text that passed the verdict for ``target``, with what it was made of.
+
+    ``candidate`` is the index of the schedule used (:func:`emit_first_accepted`; 0 otherwise).
+    """
+
     text: str
+    program: MscclProgram
+    target: str
     fused: bool
     threadblocks: int
     channels: int
-    simulated_us: float | None   # with the runtime's FIFO depth; None without a topology
+    simulated_us: float | None   # with the runtime's FIFO depth; None without a size
+    candidate: int = 0
 
 
-def emit_verified_xml(schedule: Schedule, target: str = "executor", topology=None, size_bytes: int | None = None,
-                      **lower_options) -> EmittedXml:
-    """Lower both ways, check limits, execute, time; return the best variant that passes."""
-    failures, passing = [], []
+def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "executor",
+                      size_bytes: int | None = None, *, proto: str = "Simple", name: str | None = None,
+                      min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> EmittedXml:
+    """Lower both ways with the topology, judge each rendered text as ``synth check`` does, keep the best."""
+    if topology is None:
+        raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
+    _check_collective_known(schedule, target)
+    failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
+    passing: list[EmittedXml] = []
     variants = [(True, 1), (False, 1)]
     for fuse, channels in variants:
         program = lower_to_msccl(schedule, topology=topology, target=target, fuse=fuse, channels=channels,
-                                 **lower_options)
-        limits = check_limits(program, target)
-        if limits and not fuse and channels == 1 and channels_needed(program, target) > 1:
-            variants.append((False, channels_needed(program, target) + 1))  # +1: round robin is not exact
-        if limits:
-            failures.append("breaks a runtime limit: " + "; ".join(limits[:3]))
+                                 proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
+        label = "fused" if fuse else "plain"
+        unsafe = sorted(set(program.name) - NAME_ALPHABET)
+        if unsafe or len(program.name) > MAX_ATTR_LEN:
+            raise BackendError(f"algorithm name {program.name!r} holds characters the MSCCL lexers cannot take "
+                               f"({''.join(unsafe)!r}) or is over {MAX_ATTR_LEN} characters; use letters, digits "
+                               "and _-.,:=+()")
+        text = render_msccl_xml(program)
+        try:
+            report = check_text(text, f"<{label} lowering>", target)
+        except InputError as exc:   # our own text does not parse back: a bug, never written
+            failures.append((f"{label} lowering does not parse back: {exc}", False))
             continue
-        result = execute_program(program)
-        if not result.ok:
-            errors = [str(f) for f in result.findings if f.severity == "error"]
-            failures.append(f"{'fused' if fuse else 'plain'} lowering fails execution: " + "; ".join(errors[:2]))
+        errors = report.errors()
+        if errors:
+            limit = any(f.kind in LIMIT_KINDS or f.runtimes != ("executor", "legacy") for f in errors)
+            if limit and not fuse and channels == 1 and channels_needed(program, target) > 1:
+                variants.append((False, channels_needed(program, target) + 1))  # +1: round robin is not exact
+            what = "breaks a runtime rule" if limit else "fails its check"
+            failures.append((f"{label} lowering {what}: " + "; ".join(str(f) for f in errors[:3]), limit))
             continue
-        time_us = simulate_program(program, topology, size_bytes).time_us if topology and size_bytes else None
-        passing.append(EmittedXml(render_msccl_xml(program), fuse, sum(len(g.tbs) for g in program.gpus),
-                                  program.nchannels, time_us))
+        parsed = [without_lines(r.program) for r in report.algos]
+        if parsed != [program]:   # the text says something else than the program: never written
+            failures.append((f"{label} lowering reads back as a different program", False))
+            continue
+        [parsed] = parsed
+        time_us = simulate_program(parsed, topology, size_bytes).time_us if size_bytes else None
+        passing.append(EmittedXml(text, parsed, target, fuse, sum(len(g.tbs) for g in parsed.gpus),
+                                  parsed.nchannels, time_us))
     if not passing:
-        if all("runtime limit" in f for f in failures):
-            raise BackendError(f"refusing to write MSCCL XML that {failures[-1]}")
-        raise VerificationError("the lowered MSCCL program " + " / ".join(failures))
+        if all(limit for _, limit in failures):
+            raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")
+        raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
     best = passing[0]
     for other in passing[1:]:   # a later (plain) variant must be clearly faster to beat the fused one
         if other.simulated_us is not None and best.simulated_us is not None \
                 and other.simulated_us < best.simulated_us * (1 - TIE):
             best = other
     return best
+
+
+def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, target: str = "executor",
+                        size_bytes: int | None = None,
+                        on_refusal: Callable[[int, str], None] = lambda index, reason: None, *,
+                        proto: str = "Simple", min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> EmittedXml:
+    """The first of ``schedules`` (callers order them fastest first) whose XML the runtime accepts and the
+    verdict passes; ``on_refusal(index, reason)`` hears about each one skipped."""
+    refusals = []
+    if schedules:   # every candidate is the same collective: refuse once, with the reason
+        _check_collective_known(schedules[0], target)
+    for index, schedule in enumerate(schedules):
+        try:
+            emitted = emit_verified_xml(schedule, topology, target, size_bytes, proto=proto, min_bytes=min_bytes,
+                                        max_bytes=max_bytes)
+        except BackendError as exc:
+            refusals.append(f"candidate {index + 1}: {exc}")
+            on_refusal(index, str(exc))
+            continue
+        return replace(emitted, candidate=index)
+    raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
+
+
+def _check_collective_known(schedule: Schedule, target: str) -> None:
+    name = schedule.collective.name
+    if target == "legacy" and name in LEGACY_UNKNOWN_COLLECTIVES:
+        raise BackendError(f"the legacy runtime knows no {name} (its loader refuses the file); write it for the "
+                           "executor (--target executor)")
+
+
+def write_verified_xml(path: str | Path, emitted: EmittedXml) -> None:
+    """Write text that :func:`emit_verified_xml` returned, atomically."""
+    write_atomic(Path(path), emitted.text)
+
+
+def without_lines(program: MscclProgram) -> MscclProgram:
+    """The program with every source line set to 0, as a generated one has them, to compare with a parsed one."""
+    gpus = tuple(replace(g, line=0, tbs=tuple(replace(tb, line=0, steps=tuple(replace(st, line=0) for st in tb.steps))
+                                              for tb in g.tbs)) for g in program.gpus)
+    return replace(program, line=0, gpus=gpus)

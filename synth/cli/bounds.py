@@ -60,10 +60,14 @@ def bounds(collective, topology_name, nodes, size_text, root, as_json, chunks):
 @click.option("--chunks", type=click.IntRange(min=1), default=1, show_default=True,
               help="Chunks per rank per ring or tree (pipelining); ignored by NAME 'best', which tries 1, 2, 4.")
 @click.option("-o", "--output", "xml_out", type=click.Path(dir_okay=False), default=None,
-              help="Write the schedule as MSCCL XML (executor target).")
+              help="Write the schedule as MSCCL XML, lowered with the topology and checked like `synth check`.")
+@click.option("--target", type=click.Choice(["executor", "legacy"]), default="executor", show_default=True,
+              help="MSCCL runtime the XML (and NAME 'best') must fit: the executor in NCCL >= 2.23, or the "
+                   "legacy MSCCL fork.")
 @click.option("--schedule-out", type=click.Path(dir_okay=False), default=None,
               help="Write the schedule as synth JSON.")
-def baseline(name, collective, topology_name, nodes, size_text, root, as_json, chunks, xml_out, schedule_out):
+def baseline(name, collective, topology_name, nodes, size_text, root, as_json, chunks, xml_out, target,
+             schedule_out):
     """Build, verify and time baseline NAME for COLLECTIVE; NAME 'best' picks the fastest that applies.
 
     Baselines: ring, bidir-ring, multi-ring, double-binary-tree, recursive-doubling,
@@ -78,7 +82,10 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
         raise InputError("NAME", "", f"unknown baseline {name!r}; choose best or one of {', '.join(BASELINES)}")
     topo = load_topology(topology_name, nodes)
     size = parse_size(size_text)
-    if name == "best":
+    emitted = None
+    if name == "best" and xml_out:
+        name, schedule, report, emitted = _best_written(collective, topo, size, root, target)
+    elif name == "best":
         best = best_baseline(collective, topo, size, root)
         name, schedule, report = best.name, best.schedule, best.report
     else:
@@ -86,7 +93,9 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
         report = verify(schedule, topo, size)
     bound = lower_bound(schedule.collective.name, topo, size, schedule.collective.chunks_per_rank, root)
     if xml_out:
-        _write_xml(schedule, topo, xml_out, size)
+        from backends.msccl.writer import emit_verified_xml, write_verified_xml
+
+        write_verified_xml(xml_out, emitted or emit_verified_xml(schedule, topo, target, size))
     if schedule_out:
         write_atomic(schedule_out, schedule.to_json() + "\n")
     summary = {"baseline": name, "collective": schedule.collective.name, "topology": topo.name,
@@ -104,10 +113,15 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
              f"{len(schedule.transfers)} transfers in {schedule.steps} steps")
 
 
-def _write_xml(schedule, topology, path, size_bytes) -> None:
-    try:
-        from backends.msccl.lowering import write_msccl_xml
-    except ImportError:
-        raise InputError("-o", "", "the MSCCL XML backend (backends.msccl.lowering) is not available in this build; "
-                         "use --schedule-out for the JSON schedule") from None
-    write_msccl_xml(schedule, topology, path, size_bytes=size_bytes, target="executor")
+def _best_written(collective, topo, size, root, target):
+    """The fastest baseline (1, 2 or 4 chunks per rank) that the runtime selects at power-of-two sizes and whose
+    XML fits its limits: ``(name, schedule, report, emitted)``."""
+    from backends.msccl.writer import emit_first_accepted
+    from synth.synthesis.baselines import evaluate_baselines
+
+    table = evaluate_baselines(collective, topo, size, root)
+    table.best(runnable_only=True)     # raises, naming why, when no baseline runs at power-of-two sizes
+    ranked = sorted((run for run in table.runs if run.runnable), key=lambda run: run.report.time_us)
+    emitted = emit_first_accepted([run.schedule for run in ranked], topo, target, size)
+    run = ranked[emitted.candidate]
+    return run.name, run.schedule, run.report, emitted

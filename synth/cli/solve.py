@@ -9,7 +9,7 @@ import click
 from synth.synthesis.request import METHODS, SynthesisRequest
 from synth.synthesis.select import verified_candidates
 from synth.model.collectives import COLLECTIVES, normalize_name
-from synth.errors import BackendError, InputError
+from synth.errors import InputError
 from synth.fileio import write_atomic
 from synth.synthesis.comparison import compare_with_limits
 from synth.solver.highs import SolverOptions
@@ -17,21 +17,6 @@ from synth.model.topology import load_topology
 from synth.units import format_size, parse_size
 from synth.cli._common import MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, echo_err, solver_options
 from synth.model.topology import MAX_RANKS
-
-
-def _emit_first_accepted(choices, target, topo, size_bytes, **lower_options):
-    """The fastest candidate whose MSCCL program the runtime accepts and the interpreter verifies."""
-    from backends.msccl.writer import emit_verified_xml
-
-    refusals = []
-    for choice in choices:
-        try:
-            return choice, emit_verified_xml(choice.result.schedule, target=target, topology=topo,
-                                             size_bytes=size_bytes, **lower_options)
-        except BackendError as exc:
-            refusals.append(f"{choice.label}: {exc}")
-            echo_err(f"  {choice.label} ({choice.report.time_us:.2f} us) cannot be written: {exc}")
-    raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
 
 
 @click.command()
@@ -94,8 +79,14 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
     choice = choices[0]
     texts = {}
     if output:
-        choice, emitted = _emit_first_accepted(choices, target, topo, size_bytes, proto=proto, min_bytes=min_bytes,
-                                               max_bytes=max_bytes)
+        from backends.msccl.writer import emit_first_accepted
+
+        def refused(index, reason):
+            echo_err(f"  {choices[index].label} ({choices[index].report.time_us:.2f} us) cannot be written: {reason}")
+
+        emitted = emit_first_accepted([c.result.schedule for c in choices], topo, target, size_bytes, refused,
+                                      proto=proto, min_bytes=min_bytes, max_bytes=max_bytes)
+        choice = choices[emitted.candidate]
         texts[output] = emitted.text
         echo_err(f"MSCCL program executed and verified: {emitted.threadblocks} threadblocks, {emitted.channels} "
                  f"channel(s), {'fused' if emitted.fused else 'plain'} lowering, simulated "

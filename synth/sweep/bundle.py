@@ -1,9 +1,10 @@
 """The algorithm bundle: one executed MSCCL XML per size range, a README, and the frontier document.
 
 :func:`plan_bundle` picks the fastest algorithm per size (:mod:`synth.sweep.sizes`), tiles the size range and
-lowers each range's algorithm to MSCCL XML through :func:`backends.msccl.writer.emit_verified_xml` (lowered, checked against
-the runtime limits, executed on exact data, timed). An algorithm that cannot be emitted is excluded (with the
-reason) and the choice is made again without it, so every file in the bundle has been executed.
+lowers each range's algorithm to MSCCL XML through :func:`backends.msccl.writer.emit_verified_xml` (lowered with
+the topology, read back and judged as ``synth check`` judges a file, timed). An algorithm that cannot be
+emitted is excluded (with the reason) and the choice is made again without it, so every file in the bundle has
+been executed.
 
 Layout of an output directory (written by :func:`write_bundle`; every file atomically)::
 
@@ -24,6 +25,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Iterable
 
+from backends.msccl.ir import safe_name
+from backends.msccl.selection import size_range_attributes
+from backends.msccl.writer import emit_verified_xml
 from synth import __version__
 from synth.errors import BackendError, VerificationError
 from synth.fileio import write_atomic
@@ -43,7 +47,11 @@ _PERF_BINARY = {"allgather": "all_gather_perf", "reducescatter": "reduce_scatter
 
 @dataclass(frozen=True)
 class BundleFile:
-    """One XML of the bundle: its file name, the algorithm, its inclusive size range (bytes) and the text."""
+    """One XML of the bundle: its file name, the algorithm, its inclusive size range (bytes) and the text.
+
+    The top file also serves every larger size (``unbounded``); ``max_bytes_attribute`` is the ``maxBytes`` that
+    says so in the target runtime's own terms (:func:`backends.msccl.selection.size_range_attributes`).
+    """
 
     file_name: str
     key: str
@@ -51,6 +59,8 @@ class BundleFile:
     max_bytes: int
     text: str
     fused: bool
+    unbounded: bool = False
+    max_bytes_attribute: int = 0
 
 
 @dataclass(frozen=True)
@@ -63,24 +73,13 @@ class BundlePlan:
     excluded: tuple[tuple[str, str], ...]
 
 
-def _emit(schedule: Schedule, topology: Topology, size_bytes: int, target: str, proto: str, name: str,
-          min_bytes: int, max_bytes: int) -> tuple[str, bool]:
-    """XML text (and whether the fused lowering won), executed when :mod:`backends.msccl.writer` is available."""
-    lower = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
-    try:
-        from backends.msccl.writer import emit_verified_xml
-    except ImportError:
-        from backends.msccl.lowering import schedule_to_msccl_xml
-
-        return schedule_to_msccl_xml(schedule, target=target, **lower), True
-    emitted = emit_verified_xml(schedule, target, topology, size_bytes, **lower)
-    return emitted.text, emitted.fused
-
-
 def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tuple[int, ...], low: int, high: int,
                 target: str = "executor", proto: str = "Simple",
                 limit_us: Callable[[int], float | None] = lambda size: None) -> BundlePlan:
-    """Choose per size, tile ``low..high``, emit one XML per range (excluding algorithms that fail to emit)."""
+    """Choose per size, tile ``low..high``, emit one XML per range (excluding algorithms that fail to emit).
+
+    Each file's ``minBytes``/``maxBytes`` select exactly its range in the target runtime's terms (legacy's top is
+    exclusive), and the top file has no upper limit (executor ``maxBytes="0"``, legacy the largest int64)."""
     algorithms = list(algorithms)
     excluded: dict[str, str] = {}
     while True:
@@ -92,15 +91,18 @@ def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tupl
         for i, r in enumerate(ranges):
             alg = by_key[r.key]
             coll = alg.schedule.collective
-            name = f"synth-{coll.name}-{r.key}-{r.min_bytes}-{r.max_bytes}"
+            name = safe_name(f"synth-{coll.name}-{r.key}-{r.min_bytes}-{r.max_bytes}")
             at = min(max(r.min_bytes, min(sizes)), r.max_bytes)
+            top = i == len(ranges) - 1
+            min_attr, max_attr = size_range_attributes(target, r.min_bytes, None if top else r.max_bytes)
             try:
-                text, fused = _emit(alg.schedule, topology, at, target, proto, name, r.min_bytes, r.max_bytes)
+                emitted = emit_verified_xml(alg.schedule, topology, target, at, proto=proto, name=name,
+                                            min_bytes=min_attr, max_bytes=max_attr)
             except (BackendError, VerificationError) as exc:
                 failed = (r.key, str(exc))
                 break
-            files.append(BundleFile(f"{i:02d}-{coll.name}-{r.key}.xml", r.key, r.min_bytes, r.max_bytes, text,
-                                    fused))
+            files.append(BundleFile(f"{i:02d}-{coll.name}-{r.key}.xml", r.key, r.min_bytes, r.max_bytes,
+                                    emitted.text, emitted.fused, top, max_attr))
         if failed is None:
             return BundlePlan(choices, ranges, tuple(files), tuple(sorted(excluded.items())))
         excluded[failed[0]] = failed[1]
@@ -115,9 +117,11 @@ def readme_text(plan: BundlePlan, algorithms: Iterable[Algorithm], collective: s
     lines = [f"synth pareto bundle: {collective} on {topology.name} ({n} ranks, {topology.num_nodes} node(s)), "
              f"MSCCL target {target}", "",
              f"{BUNDLE_DIR}/ holds one MSCCL XML algorithm per size range; the runtime picks the file whose",
-             "minBytes..maxBytes (inclusive, in bytes of nccl-tests' buffer size) contains the call's size:", ""]
+             "size range (inclusive, in bytes of nccl-tests' buffer size) contains the call's size; the last one",
+             "also serves every larger size:", ""]
     for f in plan.files:
-        lines.append(f"  {f.file_name:44s} {f.min_bytes:>12d} .. {f.max_bytes:<12d} {labels.get(f.key, f.key)}")
+        top = "and up" if f.unbounded else str(f.max_bytes)
+        lines.append(f"  {f.file_name:44s} {f.min_bytes:>12d} .. {top:<12s} {labels.get(f.key, f.key)}")
     lines += ["", "Run with nccl-tests (https://github.com/NVIDIA/nccl-tests) built against NCCL with MSCCL:", ""]
     if target == "executor":
         lines += [f"  export MSCCL_ALGO_DIR=$PWD/{BUNDLE_DIR}",
@@ -128,7 +132,9 @@ def readme_text(plan: BundlePlan, algorithms: Iterable[Algorithm], collective: s
         lines += [f"  export MSCCL_XML_FILES={files}",
                   "  (the legacy MSCCL fork of NCCL 2.12 takes at most 4 files" +
                   (f"; this bundle has {len(plan.files)}, so only the first 4 ranges are listed)" if len(plan.files) > 4
-                   else ")")]
+                   else ")"),
+                  "  (it selects a file only when the call's in-place-ness equals the file's inplace attribute, so",
+                  "  calls of the other kind run NCCL's own algorithm; nccl-tests reports both columns)"]
     low = _nccl_tests_size(plan.ranges[0].min_bytes) if plan.ranges else "1K"
     high = _nccl_tests_size(plan.ranges[-1].max_bytes) if plan.ranges else "1G"
     if topology.num_nodes > 1:
@@ -196,7 +202,8 @@ def frontier_document(frontier: Frontier, topology: Topology, stage: str, plan: 
                                       "busbw_GBps": t.busbw_GBps, "runnable": t.runnable} for t in c.timings]}
                         for c in plan.choices]
         doc["bundle"] = [{"file": f"{BUNDLE_DIR}/{f.file_name}", "key": f.key, "min_bytes": f.min_bytes,
-                          "max_bytes": f.max_bytes, "fused": f.fused} for f in plan.files]
+                          "max_bytes": f.max_bytes, "unbounded": f.unbounded, "maxBytes": f.max_bytes_attribute,
+                          "fused": f.fused} for f in plan.files]
         doc["excluded"] = [{"key": k, "reason": r} for k, r in plan.excluded]
     return doc
 

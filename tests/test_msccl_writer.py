@@ -1,0 +1,75 @@
+"""The verified writer: names that cannot break the runtimes' lexers, text read back as the same program."""
+
+import dataclasses
+
+import pytest
+
+from backends.msccl.parse import parse_msccl_xml
+from backends.msccl.writer import emit_verified_xml
+from synth.errors import BackendError, VerificationError
+from synth.synthesis.steps import synthesize_steps
+
+
+@pytest.fixture(scope="module")
+def ring_schedule(ring4):
+    return synthesize_steps(ring4, "allgather", 3, 3, 1).schedule
+
+
+@pytest.mark.parametrize("hostile", ['box" evil="1', "box<1>", "a&b", "two\nlines", "tab\there", "x'y"])
+def test_hostile_topology_names_are_written_in_the_safe_alphabet(ring4, ring_schedule, hostile):
+    schedule = dataclasses.replace(ring_schedule, topology=hostile)
+    emitted = emit_verified_xml(schedule, ring4, "executor")
+    [program] = parse_msccl_xml(emitted.text, "ring.xml")
+    assert program.name == emitted.program.name
+    assert not set(program.name) & set("\"<>&\n\t' ")
+    assert emitted.text.count("\n") == emitted.text.count("<")   # one element per line, nothing injected
+    assert 'evil="' not in emitted.text
+
+
+@pytest.mark.parametrize("hostile", ['synth" evil="1', "a<b", "a&amp;b", "two\nlines"])
+def test_a_hostile_explicit_name_is_refused(ring4, ring_schedule, hostile):
+    with pytest.raises(BackendError, match="holds characters the MSCCL lexers cannot take"):
+        emit_verified_xml(ring_schedule, ring4, "executor", name=hostile)
+
+
+def test_the_writer_needs_the_topology(ring_schedule):
+    with pytest.raises(BackendError, match="lowered with its topology"):
+        emit_verified_xml(ring_schedule, None, "executor")
+
+
+def test_text_that_reads_back_as_another_program_is_refused(monkeypatch, ring4, ring_schedule):
+    import backends.msccl.writer as writer
+    real = writer.render_msccl_xml
+    monkeypatch.setattr(writer, "render_msccl_xml", lambda program: real(program).replace('name="', 'name="x', 1))
+    with pytest.raises(VerificationError, match="fused lowering reads back as a different program"):
+        emit_verified_xml(ring_schedule, ring4, "executor")
+
+
+@pytest.mark.parametrize("coll", ["alltoall", "allgather", "reducescatter"])
+def test_sends_and_receives_name_the_other_end_as_msccl_tools_does(dgx1, coll):
+    """The k-th message of a connection: the send's destination fields are where the receive writes, and the
+    receive's source fields are where the send reads (what MSCCL-XML-Verifier matches)."""
+    from collections import defaultdict
+    from backends.msccl.ir import STEP_TYPES
+    from support.instances import DGX1_EVERY_COLLECTIVE
+    [(S, R, C)] = [(s, r, c) for name, s, r, c in DGX1_EVERY_COLLECTIVE if name == coll]
+    schedule = synthesize_steps(dgx1, coll, S, R, C).schedule
+    [program] = parse_msccl_xml(emit_verified_xml(schedule, dgx1, "executor").text, "x.xml")
+    sends, recvs = defaultdict(list), defaultdict(list)
+    for gpu in program.gpus:
+        for tb in gpu.tbs:
+            for st in tb.steps:
+                receives, sends_data, _, _ = STEP_TYPES[st.type]
+                if sends_data:
+                    sends[(gpu.id, tb.send, tb.chan)].append(st)
+                if receives:
+                    recvs[(tb.recv, gpu.id, tb.chan)].append(st)
+    plain = 0
+    for conn, sent in sends.items():
+        for send, recv in zip(sent, recvs[conn], strict=True):
+            if send.type == "s":
+                assert (send.dstbuf, send.dstoff) == (recv.dstbuf, recv.dstoff)
+                plain += 1
+            if recv.type == "r":
+                assert (recv.srcbuf, recv.srcoff) == (send.srcbuf, send.srcoff)
+    assert plain > 0
