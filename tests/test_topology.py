@@ -7,7 +7,7 @@ import pytest
 
 from synth.errors import InputError
 from synth.model.symmetry import free_symmetry_group
-from synth.model.topology import builtin_names, load_topology
+from synth.model.topology import builtin_names, load_topology, topology_from_dict
 
 
 def test_dgx1_has_sccl_matrix():
@@ -71,3 +71,27 @@ def test_taccl_format_is_converted(tmp_path):
     t = load_topology(str(f))
     assert t.link(0, 1).lanes == 2 and t.link(0, 1).alpha_us == 0.7
     assert abs(t.link(0, 1).bw_GBps - (1 << 20) / 40 / 1e3) < 1e-9  # no size in the name: beta in us per MB
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda r: r.update(switches=5), "switches: must be a list of {name, alpha_us, ports}"),
+    (lambda r: r["switches"][0].update(name=["a"]), "switches[0].name: must be a non-empty string, got ['a']"),
+    (lambda r: r["switches"][0]["ports"][0].update(bw_GBps=0), "ports[0].bw_GBps: must be positive, got 0"),
+    (lambda r: r["switches"][0]["ports"][0].update(bw_GBps=1e-300),
+     "ports[0].bw_GBps: 1e-300 is outside the range 0.001..100000"),
+    (lambda r: r["switches"][0]["ports"][0].update(bw_GBps=float("inf")),
+     "ports[0].bw_GBps: must be a finite number, got inf"),
+    (lambda r: r.update(defaults={"alpha_us": -1}), "defaults.alpha_us: must not be negative, got -1"),
+    (lambda r: r.update(symmetries=[[0.0, 1, 2, 3, 4, 5, 6, 7]]), "symmetries[0]: must be a permutation of 0..7"),
+    (lambda r: r.update(symmetries=[["a", {}]]), "symmetries[0]: must be a permutation of 0..7"),
+    (lambda r: r.update(links=[{"src": 0, "dst": 1, "alpha_us": 1, "bw_GBps": 9, "bidirectional": "no"}]),
+     "links[0].bidirectional: must be true or false, got 'no'"),
+    (lambda r: r.update(links=[{"src": 0, "dst": 1, "alpha_us": 1, "bw_GBps": 9, "lanes": 1.5}]),
+     "links[0].lanes: must be an integer, got 1.5"),
+])
+def test_type_confusion_in_topology_files_is_one_input_error(change, message):
+    raw = load_topology("dgx-h100").to_dict()
+    change(raw)
+    with pytest.raises(InputError) as err:
+        topology_from_dict(raw, "bad.json")
+    assert message in str(err.value) and str(err.value).startswith("bad.json")

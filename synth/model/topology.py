@@ -13,6 +13,7 @@ Built-in topologies are JSON files under ``topologies/`` and go through the same
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -180,7 +181,15 @@ class Topology:
 
 # ----------------------------------------------------------------------------------------------- loading
 
-def _num(raw: dict, key: str, source: str, where: str, default=None, positive=True, integer=False):
+# Physically meaningful ranges: anything outside is a typo or an attack, and breaks the solver's numerics.
+BW_RANGE_GBPS = (1e-3, 1e5)          # 1 MB/s .. 100 TB/s per lane or port
+ALPHA_RANGE_US = (0.0, 1e6)          # up to a second of latency
+MAX_LANES = 64
+
+
+def _num(raw: dict, key: str, source: str, where: str, default=None, positive=True, integer=False,
+         bounds: tuple[float, float] | None = None):
+    """A numeric field (``default`` when absent; None: required), finite, of the right type and in ``bounds``."""
     if key not in raw:
         if default is None:
             raise InputError(source, f"{where}.{key}", "missing; add it")
@@ -189,10 +198,39 @@ def _num(raw: dict, key: str, source: str, where: str, default=None, positive=Tr
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
         kind = "an integer" if integer else "a number"
         raise InputError(source, f"{where}.{key}", f"must be {kind}, got {value!r}")
+    if not math.isfinite(value):
+        raise InputError(source, f"{where}.{key}", f"must be a finite number, got {value!r}")
     if positive and value <= 0:
         raise InputError(source, f"{where}.{key}", f"must be positive, got {value!r}")
     if not positive and value < 0:
         raise InputError(source, f"{where}.{key}", f"must not be negative, got {value!r}")
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise InputError(source, f"{where}.{key}", f"{value!r} is outside the range {bounds[0]:g}..{bounds[1]:g}")
+    return value
+
+
+def _bw(raw: dict, key: str, source: str, where: str, default=None) -> float:
+    """A bandwidth field in GB/s."""
+    return float(_num(raw, key, source, where, default, bounds=BW_RANGE_GBPS))
+
+
+def _alpha(raw: dict, key: str, source: str, where: str, default=None) -> float:
+    """A latency field in us."""
+    return float(_num(raw, key, source, where, default, positive=False, bounds=ALPHA_RANGE_US))
+
+
+def _list(raw: dict, key: str, source: str, what: str) -> list:
+    """An optional list field (empty when absent)."""
+    value = raw.get(key, [])
+    if not isinstance(value, list):
+        raise InputError(source, key, f"must be a list of {what}")
+    return value
+
+
+def _flag(raw: dict, key: str, source: str, where: str) -> bool:
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise InputError(source, f"{where}.{key}", f"must be true or false, got {value!r}")
     return value
 
 
@@ -228,12 +266,11 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
     defaults = raw.get("defaults", {})
     if not isinstance(defaults, dict):
         raise InputError(source, "defaults", "must be an object with alpha_us and/or bw_GBps")
+    default_alpha = _alpha(defaults, "alpha_us", source, "defaults") if "alpha_us" in defaults else None
+    default_bw = _bw(defaults, "bw_GBps", source, "defaults") if "bw_GBps" in defaults else None
 
     links: dict[tuple[int, int], Link] = {}
-    raw_links = raw.get("links", [])
-    if not isinstance(raw_links, list):
-        raise InputError(source, "links", "must be a list of {src, dst, alpha_us, bw_GBps, lanes}")
-    for i, rl in enumerate(raw_links):
+    for i, rl in enumerate(_list(raw, "links", source, "{src, dst, alpha_us, bw_GBps, lanes}")):
         where = f"links[{i}]"
         if not isinstance(rl, dict):
             raise InputError(source, where, "must be an object with src and dst")
@@ -241,26 +278,28 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
         dst = _rank(rl.get("dst"), n, source, f"{where}.dst")
         if src == dst:
             raise InputError(source, where, f"link from rank {src} to itself; remove it")
-        alpha = _num(rl, "alpha_us", source, where, default=defaults.get("alpha_us"), positive=False)
-        bw = _num(rl, "bw_GBps", source, where, default=defaults.get("bw_GBps"))
-        lanes = _num(rl, "lanes", source, where, default=1, integer=True)
+        alpha = _alpha(rl, "alpha_us", source, where, default=default_alpha)
+        bw = _bw(rl, "bw_GBps", source, where, default=default_bw)
+        lanes = _num(rl, "lanes", source, where, default=1, integer=True, bounds=(1, MAX_LANES))
         path_type = rl.get("path_type", "")
-        if path_type and path_type not in PATH_TYPES:
+        if path_type and (not isinstance(path_type, str) or path_type not in PATH_TYPES):
             raise InputError(source, f"{where}.path_type", f"unknown path type {path_type!r}; NCCL's are "
                              f"{', '.join(PATH_TYPES)}")
-        pairs = [(src, dst), (dst, src)] if rl.get("bidirectional", False) else [(src, dst)]
+        pairs = [(src, dst), (dst, src)] if _flag(rl, "bidirectional", source, where) else [(src, dst)]
         for a, b in pairs:
             if (a, b) in links:
                 raise InputError(source, where, f"link {a}->{b} is listed twice; use lanes for parallel links")
             links[(a, b)] = Link(a, b, float(alpha), float(bw), int(lanes), path_type=path_type)
 
     switches = []
-    for si, rs in enumerate(raw.get("switches", [])):
+    for si, rs in enumerate(_list(raw, "switches", source, "{name, alpha_us, ports}")):
         where = f"switches[{si}]"
         if not isinstance(rs, dict) or not isinstance(rs.get("ports"), list):
             raise InputError(source, where, "must be an object with a list of ports")
         sname = rs.get("name", f"switch{si}")
-        alpha = _num(rs, "alpha_us", source, where, default=defaults.get("alpha_us"), positive=False)
+        if not isinstance(sname, str) or not sname:
+            raise InputError(source, f"{where}.name", f"must be a non-empty string, got {sname!r}")
+        alpha = _alpha(rs, "alpha_us", source, where, default=default_alpha)
         ports, seen = [], set()
         for pi, rp in enumerate(rs["ports"]):
             pwhere = f"{where}.ports[{pi}]"
@@ -270,10 +309,10 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
             if seen & set(ranks):
                 raise InputError(source, pwhere, f"rank(s) {sorted(seen & set(ranks))} are on two ports")
             seen |= set(ranks)
-            bw = rp.get("bw_GBps")
-            egress = _num(rp, "egress_GBps", source, pwhere, default=bw)
-            ingress = _num(rp, "ingress_GBps", source, pwhere, default=bw)
-            ports.append(SwitchPort(ranks, float(egress), float(ingress)))
+            bw = _bw(rp, "bw_GBps", source, pwhere) if "bw_GBps" in rp else None
+            egress = _bw(rp, "egress_GBps", source, pwhere, default=bw)
+            ingress = _bw(rp, "ingress_GBps", source, pwhere, default=bw)
+            ports.append(SwitchPort(ranks, egress, ingress))
         switches.append(Switch(sname, float(alpha), tuple(ports)))
     names = [s.name for s in switches]
     if len(set(names)) != len(names):
@@ -283,7 +322,7 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
             links.setdefault((link.src, link.dst), link)
 
     nics = []
-    for ni, rn in enumerate(raw.get("nics", [])):
+    for ni, rn in enumerate(_list(raw, "nics", source, "{ranks, bw_GBps, alpha_us}")):
         where = f"nics[{ni}]"
         if not isinstance(rn, dict) or not isinstance(rn.get("ranks"), list):
             raise InputError(source, where, "must be an object with ranks, bw_GBps and alpha_us")
@@ -293,16 +332,16 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
                                                  for d in devs):
             raise InputError(source, f"{where}.net_devs", "must be a list of NCCL net device numbers (>= 0)")
         path_type = rn.get("path_type", "")
-        if path_type and path_type not in PATH_TYPES:
+        if path_type and (not isinstance(path_type, str) or path_type not in PATH_TYPES):
             raise InputError(source, f"{where}.path_type", f"unknown path type {path_type!r}; NCCL's are "
                              f"{', '.join(PATH_TYPES)}")
-        nics.append(Nic(ranks, float(_num(rn, "bw_GBps", source, where)),
-                        float(_num(rn, "alpha_us", source, where, default=1.0, positive=False)), tuple(devs),
-                        path_type))
+        nics.append(Nic(ranks, _bw(rn, "bw_GBps", source, where), _alpha(rn, "alpha_us", source, where, default=1.0),
+                        tuple(devs), path_type))
 
     symmetries = []
-    for k, perm in enumerate(raw.get("symmetries", [])):
-        if not isinstance(perm, list) or sorted(perm) != list(range(n)):
+    for k, perm in enumerate(_list(raw, "symmetries", source, "rank permutations")):
+        if not isinstance(perm, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in perm) \
+                or sorted(perm) != list(range(n)):
             raise InputError(source, f"symmetries[{k}]", f"must be a permutation of 0..{n - 1}")
         symmetries.append(tuple(perm))
 
