@@ -14,7 +14,6 @@ import stat
 import tempfile
 from pathlib import Path
 
-import numpy as np
 
 from synth.errors import InputError
 
@@ -95,6 +94,8 @@ def _max_depth(data: bytes) -> int:
     >>> _max_depth(b'{"a": [[1], "]]]["], "b\\\\": {}}')
     3
     """
+    import numpy as np  # lazily: commands import this module before deciding to do any work
+
     code = np.frombuffer(data, dtype=np.uint8)
     index = np.arange(len(code))
     backslash = code == ord("\\")

@@ -84,14 +84,23 @@ def test_only_the_solver_module_imports_highspy():
     assert sorted({src for src, dst in IMPORTS if dst.split(".")[0] == "highspy"}) == ["synth.solver.highs"]
 
 
-def test_help_lists_every_command_without_loading_numpy_or_networkx():
+def _heavy_modules_after(argv: list[str]) -> tuple[str, str]:
     code = ("import sys; from synth.cli import main\n"
-            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('numpy', 'networkx', 'highspy', 'jinja2') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip().endswith("[]"), out
+    return out, out.strip().splitlines()[-1]
+
+
+def test_help_lists_every_command_without_loading_numpy_or_networkx():
+    out, heavy = _heavy_modules_after(["--help"])
+    assert heavy == "[]", out
     for name in COMMANDS:
         assert f"  {name} " in out
+
+
+def test_solve_help_loads_no_numerics():
+    assert _heavy_modules_after(["solve", "--help"])[1] == "[]"
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

@@ -123,3 +123,27 @@ def test_auto_picks_the_fastest_verified_candidate():
     assert r.exit_code == 0
     assert "fastest of" in r.stderr
     assert report["predicted_time_us"] <= report["baseline_us"] * 1.2
+
+
+def test_outputs_are_checked_before_any_work_and_a_failed_run_leaves_none(tmp_path):
+    """A bad second output path is refused at once (no solve), and the first output is never written."""
+    out = tmp_path / "ag.xml"
+    r = CliRunner().invoke(main, ["solve", "allgather", "--topology", "dgx1", "-o", str(out),
+                                  "--schedule-out", str(tmp_path / "nodir" / "s.json")])
+    assert r.exit_code == 1 and "does not exist" in r.output and "trying steps" not in r.output
+    assert list(tmp_path.iterdir()) == []
+    same = CliRunner().invoke(main, ["solve", "allgather", "--topology", "dgx1", "-o", str(out),
+                                     "--schedule-out", str(out)])
+    assert same.exit_code == 1 and "is also given to -o" in same.output
+    empty = CliRunner().invoke(main, ["solve", "allgather", "--topology", "dgx1", "-o", ""])
+    assert empty.exit_code == 1 and "the output path is empty" in empty.output
+
+
+def test_xml_schedule_and_model_are_written_together(tmp_path):
+    r = CliRunner().invoke(main, ["solve", "allgather", "--topology", "dgx1", "--steps", "2", "--rounds", "3",
+                                  "--chunks", "2", "--method", "steps", "-o", str(tmp_path / "a.xml"),
+                                  "--schedule-out", str(tmp_path / "a.json"), "--write-model",
+                                  str(tmp_path / "a.lp")])
+    assert r.exit_code == 0, r.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "a.lp", "a.xml"]
+    assert (tmp_path / "a.lp").read_text().startswith("\\*") and "<algo" in (tmp_path / "a.xml").read_text()

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
-from synth.synthesis.request import METHODS, SynthesisRequest
-from synth.synthesis.select import verified_candidates
-from synth.model.collectives import COLLECTIVES, normalize_name
-from synth.errors import InputError
-from synth.fileio import write_atomic
-from synth.synthesis.comparison import compare_with_limits
-from synth.solver.highs import SolverOptions
-from synth.model.topology import load_topology
-from synth.units import format_size, parse_size
 from synth.cli._common import MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, echo_err, solver_options
+from synth.errors import InputError
+from synth.fileio import OutputPlan
+from synth.model.collectives import COLLECTIVES, normalize_name
 from synth.model.topology import MAX_RANKS
+from synth.synthesis.method import METHODS
+from synth.units import format_size, parse_size
 
 
 @click.command()
@@ -66,6 +63,17 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
       synth solve allgather --topology dgx1 --steps 3 --rounds 7 --chunks 6 --json
       synth solve allgather --topology ndv2-2node-tecc --size 1GB --sketch ndv2-tecc-relay -o ag.xml
     """
+    from synth.model.topology import load_topology
+    from synth.solver.highs import SolverOptions
+    from synth.synthesis.request import SynthesisRequest
+    from synth.synthesis.solve import XmlRequest, solve as solve_request, step_model_text
+
+    outputs = OutputPlan()
+    outputs.declare("-o", output)
+    outputs.declare("--schedule-out", schedule_out)
+    outputs.declare("--write-model", write_model)
+    if write_model and Path(write_model).suffix not in (".lp", ".mps"):
+        raise InputError("--write-model", write_model, "give a file ending in .lp or .mps")
     name = normalize_name(collective)
     size_bytes = parse_size(size)
     if min_bytes > max_bytes:
@@ -75,55 +83,33 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
     request = SynthesisRequest(topo, name, size_bytes, root, method, sketch, steps, rounds, chunks, options,
                                include_baselines=not no_baseline)
     echo_err(f"synth: {name} on {topo.name} ({topo.num_ranks} ranks), size {format_size(size_bytes)}")
-    choices = verified_candidates(request, progress=echo_err)
-    choice = choices[0]
-    texts = {}
-    if output:
-        from backends.msccl.writer import emit_first_accepted
-
-        def refused(index, reason):
-            echo_err(f"  {choices[index].label} ({choices[index].report.time_us:.2f} us) cannot be written: {reason}")
-
-        emitted = emit_first_accepted([c.result.schedule for c in choices], topo, target, size_bytes, refused,
-                                      proto=proto, min_bytes=min_bytes, max_bytes=max_bytes)
-        choice = choices[emitted.candidate]
-        texts[output] = emitted.text
+    xml = XmlRequest(target, proto, min_bytes, max_bytes) if output else None
+    solution = solve_request(request, xml, progress=echo_err)
+    result, report = solution.chosen.result, solution.chosen.report
+    schedule = result.schedule
+    if solution.xml is not None:
+        emitted = solution.xml
+        outputs.stage("-o", emitted.text)
         echo_err(f"MSCCL program executed and verified: {emitted.threadblocks} threadblocks, {emitted.channels} "
                  f"channel(s), {'fused' if emitted.fused else 'plain'} lowering, simulated "
                  f"{emitted.simulated_us:.3f} us with the runtime's FIFO depth")
-    result, report = choice.result, choice.report
-    schedule = result.schedule
-    if output and not schedule.collective.runs_at_power_of_two_sizes:
-        echo_err(f"warning: nchunksperloop {schedule.collective.loop_chunks} is not a power of two, so the "
-                 "MSCCL runtime skips this algorithm at power-of-two sizes; prefer --chunks that make it one")
+        if not schedule.collective.runs_at_power_of_two_sizes:
+            echo_err(f"warning: nchunksperloop {schedule.collective.loop_chunks} is not a power of two, so the "
+                     "MSCCL runtime skips this algorithm at power-of-two sizes; prefer --chunks that make it one")
     if schedule_out:
-        texts[schedule_out] = schedule.to_json() + "\n"
+        outputs.stage("--schedule-out", schedule.to_json() + "\n")
     if write_model:
-        from synth.formulations.steps import encode_steps
-        from synth.solver.highs import write_model as export_model
+        outputs.stage("--write-model", step_model_text(solution, Path(write_model).suffix))
+    written = outputs.commit()
 
-        if schedule.collective.combining or schedule.method != "steps":
-            raise InputError("--write-model", "", "model export covers the step formulation of non-combining "
-                             "collectives; use --method steps with Allgather/Alltoall/Broadcast/Gather/Scatter")
-        export_model(encode_steps(topo, schedule.collective, result.steps, result.rounds).model, write_model)
-    for path, text in texts.items():
-        write_atomic(path, text)
-
-    context = compare_with_limits(request, report.time_us)
-    echo_err(f"chosen: {choice.label} (fastest of {len(choices)} verified candidate(s))")
+    echo_err(f"chosen: {solution.chosen.label} (fastest of {len(solution.candidates)} verified candidate(s))")
     echo_err(f"status {result.status}, solve {result.solve_seconds:.3f} s (symmetry group of {result.symmetry_order}), "
              f"steps {result.steps}, rounds {result.rounds}, chunks {result.chunks}")
     echo_err(f"predicted time {report.time_us:.3f} us, algbw {report.algbw_GBps:.3f} GB/s, "
              f"busbw {report.busbw_GBps:.3f} GB/s (alpha-beta replay, verified)")
-    echo_err(context.summary())
-    for path in texts:
+    echo_err(solution.comparison.summary())
+    for path in written:
         echo_err(f"wrote {path}")
     if as_json:
-        click.echo(json.dumps({
-            "status": result.status, "solve_seconds": result.solve_seconds, "gap": result.gap,
-            "predicted_time_us": report.time_us, "algbw_GBps": report.algbw_GBps, "busbw_GBps": report.busbw_GBps,
-            "steps": result.steps, "rounds": result.rounds, "chunks": result.chunks,
-            "collective": name, "topology": topo.name, "ranks": topo.num_ranks, "size_bytes": size_bytes,
-            "symmetry_order": result.symmetry_order, "output": output, "schedule_output": schedule_out,
-            "target": target, "method": choice.label, **context.to_dict(),
-        }, indent=1))
+        click.echo(json.dumps(dict(solution.report(), output=output, schedule_output=schedule_out,
+                                   target=target), indent=1))

@@ -19,11 +19,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-import networkx as nx
 
 from synth.errors import InputError
 from synth.fileio import document_name, parse_json, read_json
-from synth.model.symmetry import is_automorphism
 from synth.model.taccl import is_taccl_topology, taccl_topology_to_dict
 
 MAX_RANKS = 4096
@@ -125,8 +123,10 @@ class Topology:
         i = self.link_index.get((src, dst))
         return None if i is None else self.links[i]
 
-    def graph(self) -> nx.DiGraph:
-        """Directed graph of ranks with ``alpha_us`` and ``capacity_GBps`` edge attributes."""
+    def graph(self):
+        """Directed graph (networkx DiGraph) of ranks with ``alpha_us`` and ``capacity_GBps`` edge attributes."""
+        import networkx as nx  # lazily: the CLI imports this module for its limits before any work
+
         g = nx.DiGraph()
         g.add_nodes_from(range(self.num_ranks))
         for i, link in enumerate(self.links):
@@ -146,6 +146,8 @@ class Topology:
         """All-pairs hop distance (``num_ranks`` means unreachable)."""
         n = self.num_ranks
         dist = [[n] * n for _ in range(n)]
+        import networkx as nx
+
         for src, lengths in nx.all_pairs_shortest_path_length(self.graph()):
             for dst, d in lengths.items():
                 dist[src][dst] = d
@@ -348,6 +350,8 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
     topo = Topology(name=name, num_ranks=n, gpus_per_node=gpn, links=tuple(links[k] for k in sorted(links)),
                     switches=tuple(switches), nics=tuple(nics), symmetries=tuple(symmetries),
                     description=str(raw.get("description", "")), source=source)
+    from synth.model.symmetry import is_automorphism  # lazily: symmetry needs numpy, the CLI's limits do not
+
     for k, perm in enumerate(topo.symmetries):
         if not is_automorphism(topo, perm):
             raise InputError(source, f"symmetries[{k}]", "is not an automorphism of the links; remove it")
@@ -476,6 +480,8 @@ def compose_nodes(topo: Topology, nodes: int) -> Topology:
 def check_connected(topo: Topology) -> None:
     """Raise InputError unless every rank can reach every other rank."""
     g = topo.graph()
+    import networkx as nx
+
     if topo.num_ranks > 1 and not nx.is_strongly_connected(g):
         comps = sorted((sorted(c) for c in nx.strongly_connected_components(g)), key=len)
         raise InputError(topo.source, "links", f"the topology is disconnected: ranks {comps[0]} cannot reach "

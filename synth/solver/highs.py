@@ -239,9 +239,11 @@ def write_model(model: Model, path: str) -> None:
 
     names = model.col_names or tuple(f"x{i}" for i in range(model.num_cols))
     prob = pulp.LpProblem("synth", pulp.LpMinimize)
-    variables = [pulp.LpVariable(names[i], lowBound=model.col_lower[i],
-                                 upBound=None if np.isinf(model.col_upper[i]) else model.col_upper[i],
-                                 cat="Integer" if model.integer[i] else "Continuous")
+    # PuLP >= 3.3 attaches variables to the problem (constructing LpVariable directly is deprecated there)
+    make = getattr(prob, "add_variable", None) or pulp.LpVariable
+    variables = [make(names[i], lowBound=model.col_lower[i],
+                      upBound=None if np.isinf(model.col_upper[i]) else model.col_upper[i],
+                      cat="Integer" if model.integer[i] else "Continuous")
                  for i in range(model.num_cols)]
     prob += pulp.lpSum(c * variables[i] for i, c in enumerate(model.cost) if c)
     order = np.argsort(model.rows, kind="stable")

@@ -32,7 +32,6 @@ from synth import __version__
 from synth.errors import BackendError, VerificationError
 from synth.fileio import write_atomic
 from synth.sweep.frontier import Frontier
-from synth.schedule.ir import Schedule
 from synth.sweep.sizes import Algorithm, SizeChoice, SizeRange, choose_per_size, tile_ranges
 from synth.sweep.sources import SourceFailure
 from synth.model.topology import Topology

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from enum import Enum
 from functools import cached_property
 
 from synth.bounds.physical import Bound, lower_bound
@@ -19,23 +18,7 @@ from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology, check_connected
 from synth.solver.highs import SolverOptions
 from synth.synthesis.baselines import BaselineTable, evaluate_baselines
-
-
-class Method(str, Enum):
-    """How ``synth solve`` searches: one formulation, or ``auto`` (every applicable one plus the baselines)."""
-
-    AUTO = "auto"
-    STEPS = "steps"
-    ROUTED = "routed"
-    TIMEXP = "timexp"
-
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
-
-
-METHODS = tuple(m.value for m in Method)
+from synth.synthesis.method import METHODS, Method
 
 
 @dataclass(frozen=True)
