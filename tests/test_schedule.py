@@ -28,7 +28,9 @@ def test_round_trip_keeps_every_field(dgx1, tmp_path):
                 max_size=20))
 def test_round_trip_of_arbitrary_transfers(raw):
     coll = make_collective("allgather", 4)
-    transfers = tuple(Transfer(c, s, d, step, op, t, None if t is None else t + 1) for c, s, d, step, op, t in raw)
+    unique = {(c, s, d, step): (op, t) for c, s, d, step, op, t in raw if s != d}   # files refuse the rest
+    transfers = tuple(Transfer(c, s, d, step, op, t, None if t is None else t + 1)
+                      for (c, s, d, step), (op, t) in unique.items())
     sched = Schedule(coll, "ring-4", transfers, 6)
     back = schedule_from_dict(json.loads(sched.to_json()))
     assert sorted(back.transfers, key=repr) == sorted(transfers, key=repr)

@@ -12,10 +12,12 @@ scratch (see :func:`buffer_layout`).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from synth.model.collectives import Collective, collective_from_spec
+from synth.model.collectives import COLLECTIVES, ROOTED, Collective, make_collective
+from synth.model.topology import MAX_RANKS
 from synth.errors import InputError
 from synth.fileio import read_json
 
@@ -76,19 +78,153 @@ def _order_key(t: Transfer):
     return (t.step, t.start_us if t.start_us is not None else 0.0, t.chunk, t.src, t.dst)
 
 
+# The largest collective a schedule file may describe: its tables (chunks x the ranks each chunk names) are
+# built before any check, so the bound is on their size. 2**21 admits allgather on 1024 ranks and alltoall on
+# 1024 ranks with one chunk each (about a second to build), and refuses 10**9 ranks or chunks at once.
+MAX_COLLECTIVE_CELLS = 1 << 21
+MAX_SCHEDULE_CHUNKS_PER_RANK = 1 << 16
+MAX_SCHEDULE_STEPS = 1 << 24          # more steps than a 16 MB file can hold transfers
+_PER_RANK_CHUNKS = ("allgather", "reducescatter", "allreduce", "gather", "scatter")
+_WIDE = ("allgather", "reducescatter", "broadcast", "reduce")   # each chunk names every rank once
+
+
+def collective_cells(name: str, num_ranks: int, chunks_per_rank: int) -> int:
+    """How many (chunk, rank) entries the collective's tables hold, computed without building them.
+
+    >>> collective_cells("allgather", 4, 1), collective_cells("alltoall", 4, 1)
+    (20, 32)
+    """
+    n, c = num_ranks, chunks_per_rank
+    chunks = n * n * c if name == "alltoall" else n * c if name in _PER_RANK_CHUNKS else c
+    width = 2 * n if name == "allreduce" else n if name in _WIDE else 1
+    return chunks * (width + 1)
+
+
+def _count(value, source: str, where: str, low: int, high: int) -> int:
+    """An integer JSON value (never a bool, a float or a string) in ``low..high``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InputError(source, where, f"must be an integer in {low}..{high}, got {_shown(value)}")
+    return value
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _time(value, source: str, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise InputError(source, where, f"must be a finite time in us >= 0 (or null), got {_shown(value)}")
+    return float(value)
+
+
+def _collective(raw, source: str) -> Collective:
+    """Check the collective spec (name, sizes bounded before any table is built, root) and build it."""
+    if not isinstance(raw, dict):
+        raise InputError(source, "collective", "must be an object {name, num_ranks, chunks_per_rank, root}")
+    extra = sorted(set(raw) - {"name", "num_ranks", "chunks_per_rank", "root"})
+    if extra:
+        raise InputError(source, f"collective.{extra[0]}", "unknown field; use name, num_ranks, chunks_per_rank, "
+                         "root")
+    name = raw.get("name")
+    if not isinstance(name, str) or name.strip().lower() not in COLLECTIVES:
+        raise InputError(source, "collective.name", f"unknown collective {_shown(name)}; use one of "
+                         f"{', '.join(COLLECTIVES)}")
+    name = name.strip().lower()
+    n = _count(raw.get("num_ranks"), source, "collective.num_ranks", 2, MAX_RANKS)
+    c = _count(raw.get("chunks_per_rank", 1), source, "collective.chunks_per_rank", 1, MAX_SCHEDULE_CHUNKS_PER_RANK)
+    cells = collective_cells(name, n, c)
+    if cells > MAX_COLLECTIVE_CELLS:
+        raise InputError(source, "collective", f"{name} on {n} ranks with {c} chunk(s) per rank is {cells} table "
+                         f"entries, more than the {MAX_COLLECTIVE_CELLS} a schedule file may describe")
+    root = raw.get("root")
+    if name in ROOTED:
+        root = _count(0 if root is None else root, source, "collective.root", 0, n - 1)
+    elif root is not None:
+        raise InputError(source, "collective.root", f"{name} has no root; give null")
+    return make_collective(name, n, c, root)
+
+
+def _transfers(raw, collective: Collective, source: str) -> tuple[Transfer, ...]:
+    if not isinstance(raw, list):
+        raise InputError(source, "transfers", "must be a list of transfer objects")
+    n, chunks = collective.num_ranks, len(collective.chunks)
+    fields = {"chunk", "src", "dst", "step", "op", "start_us", "end_us"}
+    out, seen = [], set()
+    for k, item in enumerate(raw):
+        where = f"transfers[{k}]"
+        if not isinstance(item, dict):
+            raise InputError(source, where, "must be an object {chunk, src, dst, step, op, start_us, end_us}")
+        extra = sorted(set(item) - fields)
+        if extra:
+            raise InputError(source, f"{where}.{extra[0]}", f"unknown field; use {', '.join(sorted(fields))}")
+        missing = sorted({"chunk", "src", "dst", "step"} - set(item))
+        if missing:
+            raise InputError(source, f"{where}.{missing[0]}", "is missing")
+        chunk = _count(item["chunk"], source, f"{where}.chunk", 0, chunks - 1)
+        src = _count(item["src"], source, f"{where}.src", 0, n - 1)
+        dst = _count(item["dst"], source, f"{where}.dst", 0, n - 1)
+        if src == dst:
+            raise InputError(source, where, f"sends chunk {chunk} from rank {src} to itself")
+        step = _count(item["step"], source, f"{where}.step", 0, MAX_SCHEDULE_STEPS)
+        op = item.get("op", COPY)
+        if op not in (COPY, REDUCE):
+            raise InputError(source, f"{where}.op", f"unknown op {_shown(op)}; use copy or reduce")
+        start = _time(item.get("start_us"), source, f"{where}.start_us")
+        end = _time(item.get("end_us"), source, f"{where}.end_us")
+        if start is not None and end is not None and end < start:
+            raise InputError(source, f"{where}.end_us", f"{end} is before start_us {start}")
+        key = (chunk, src, dst, step)
+        if key in seen:
+            raise InputError(source, where, f"repeats chunk {chunk} {src}->{dst} at step {step}; give each "
+                             "transfer once")
+        seen.add(key)
+        out.append(Transfer(chunk, src, dst, step, op, start, end))
+    return tuple(out)
+
+
 def schedule_from_dict(raw: dict, source: str = "<memory>") -> Schedule:
-    """Inverse of :meth:`Schedule.to_dict`; raises InputError on malformed input."""
+    """Inverse of :meth:`Schedule.to_dict`, checking every field before any work (raises InputError).
+
+    Sizes are bounded before the collective's tables are built (:data:`MAX_COLLECTIVE_CELLS`); ids are in
+    range, ``op`` is copy or reduce, times are finite and non-negative, and no transfer is given twice.
+    """
     if not isinstance(raw, dict) or raw.get("format") != SCHEDULE_FORMAT:
         raise InputError(source, "format", f"not a schedule file (expected format {SCHEDULE_FORMAT!r})")
-    try:
-        collective = collective_from_spec(raw["collective"])
-        transfers = tuple(Transfer(**t) for t in raw["transfers"])
-        rps = raw.get("rounds_per_step")
-        return Schedule(collective, str(raw["topology"]), transfers, int(raw["steps"]), raw.get("rounds"),
-                        tuple(int(r) for r in rps) if rps else None, str(raw.get("method", "steps")),
-                        bool(raw.get("inplace", False)), dict(raw.get("notes", {})))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InputError(source, "transfers", f"malformed schedule ({exc})") from None
+    known = {"format", "collective", "topology", "steps", "rounds", "rounds_per_step", "method", "inplace",
+             "notes", "transfers"}
+    extra = sorted(set(raw) - known)
+    if extra:
+        raise InputError(source, extra[0], f"unknown field; schedule fields are {', '.join(sorted(known))}")
+    for key in ("transfers", "collective", "topology", "steps"):
+        if key not in raw:
+            raise InputError(source, key, "is missing")
+    collective = _collective(raw["collective"], source)
+    topology = raw["topology"]
+    if not isinstance(topology, str):
+        raise InputError(source, "topology", f"must be a topology name (a string), got {_shown(topology)}")
+    steps = _count(raw["steps"], source, "steps", 1, MAX_SCHEDULE_STEPS)
+    rounds = raw.get("rounds")
+    if rounds is not None:
+        rounds = _count(rounds, source, "rounds", 1, MAX_SCHEDULE_STEPS)
+    rps = raw.get("rounds_per_step")
+    if rps is not None:
+        if not isinstance(rps, list) or len(rps) > MAX_SCHEDULE_STEPS:
+            raise InputError(source, "rounds_per_step", "must be a list of integers (or null)")
+        rps = tuple(_count(r, source, f"rounds_per_step[{k}]", 0, MAX_SCHEDULE_STEPS) for k, r in enumerate(rps))
+    method = raw.get("method", "steps")
+    if not isinstance(method, str):
+        raise InputError(source, "method", f"must be a string, got {_shown(method)}")
+    inplace = raw.get("inplace", False)
+    if not isinstance(inplace, bool):
+        raise InputError(source, "inplace", f"must be true or false, got {_shown(inplace)}")
+    notes = raw.get("notes") or {}
+    if not isinstance(notes, dict):
+        raise InputError(source, "notes", "must be an object")
+    transfers = _transfers(raw["transfers"], collective, source)
+    return Schedule(collective, topology, transfers, steps, rounds, rps or None, method, inplace, notes)
 
 
 def load_schedule(path: str | Path) -> Schedule:
