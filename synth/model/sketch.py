@@ -25,6 +25,7 @@ Every problem raises :class:`synth.errors.InputError` naming the file, the field
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -41,6 +42,7 @@ FORMAT = "synth-sketch/1"
 INTRANODE_STRATEGIES = ("all", "links", "ring")
 SWITCH_STRATEGIES = ("uc-max", "uc-min")
 MAX_SKETCH_BYTES = 1 << 20
+MAX_HINT_TIME_LIMIT_S = 7 * 24 * 3600.0   # a week, as the CLI's --time-limit
 
 
 @dataclass(frozen=True)
@@ -186,20 +188,54 @@ def load_sketch(name_or_path: str | Path, topology: Topology) -> Sketch:
     return sketch_from_dict(raw, topology, source)
 
 
+def _decimal(text: str) -> int | None:
+    """The integer an ASCII-decimal string spells (JSON object keys are strings), else None.
+
+    ``str.isdigit`` is not enough: it accepts superscripts and other scripts' digits that ``int()`` refuses.
+
+    >>> _decimal("12"), _decimal("-3"), _decimal("¹"), _decimal("٣")
+    (12, -3, None, None)
+    """
+    body = text.strip()
+    body = body[1:] if body.startswith("-") else body
+    if not body or len(body) > 12 or not (body.isascii() and body.isdigit()):
+        return None
+    return int(text)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _int(value, source: str, where: str, lo: int = 0, hi: int | None = None, what: str = "an integer") -> int:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
+    if isinstance(value, str) and _decimal(value) is not None:
+        value = _decimal(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
         rng = f" in {lo}..{hi}" if hi is not None else (f" >= {lo}" if lo else "")
-        raise InputError(source, where, f"must be {what}{rng}, got {value!r}")
+        raise InputError(source, where, f"must be {what}{rng}, got {_shown(value)}")
     return value
 
 
 def _gpu(value, gpn: int, source: str, where: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
+    if isinstance(value, str) and _decimal(value) is not None:
+        value = _decimal(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < gpn:
-        raise InputError(source, where, f"unknown GPU {value!r}; local GPUs are 0..{gpn - 1}")
+        raise InputError(source, where, f"unknown GPU {_shown(value)}; local GPUs are 0..{gpn - 1}")
+    return value
+
+
+def _flag(raw: dict, key: str, source: str, where: str) -> bool:
+    """A JSON boolean (``"no"`` or 0 are refused, not read as a truth value)."""
+    value = raw.get(key, False)
+    if not isinstance(value, bool):
+        raise InputError(source, where, f"must be true or false, got {_shown(value)}")
+    return value
+
+
+def _choice(value, choices: tuple[str, ...], source: str, where: str) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise InputError(source, where, f"unknown strategy {_shown(value)}; use {', '.join(choices[:-1])} or {choices[-1]}")
     return value
 
 
@@ -231,16 +267,17 @@ def sketch_from_dict(raw: dict, topology: Topology, source: str = "<memory>") ->
     switch = raw.get("switch", {})
     if not isinstance(switch, dict):
         raise InputError(source, "switch", "must be an object like {\"strategy\": \"uc-min\"}")
-    strategy = switch.get("strategy", "uc-max")
-    if strategy not in SWITCH_STRATEGIES:
-        raise InputError(source, "switch.strategy", f"unknown strategy {strategy!r}; use uc-max or uc-min")
+    strategy = _choice(switch.get("strategy", "uc-max"), SWITCH_STRATEGIES, source, "switch.strategy")
     internode = _parse_internode(raw.get("internode", {}), topology, source)
     chunks = raw.get("chunks_per_rank")
     if chunks is not None:
         chunks = _int(chunks, source, "chunks_per_rank", 1, 1024, "a positive integer")
     hints = _parse_hints(raw.get("hints", {}), source)
+    description = raw.get("description", "")
+    if not isinstance(description, str):
+        raise InputError(source, "description", f"must be a string, got {_shown(description)}")
     sketch = Sketch(name=name, source=source, intranode=intranode, switch_strategy=strategy, internode=internode,
-                    chunks_per_rank=chunks, hints=hints, description=str(raw.get("description", "")))
+                    chunks_per_rank=chunks, hints=hints, description=description)
     symmetry = _parse_symmetry(raw.get("symmetry", []), topology, source, sketch)
     return Sketch(name=name, source=source, intranode=intranode, switch_strategy=strategy, internode=internode,
                   symmetry=symmetry, chunks_per_rank=chunks, hints=hints, description=sketch.description)
@@ -252,9 +289,9 @@ def _parse_intranode(raw, topology: Topology, source: str) -> IntraNode:
         return IntraNode()
     if not isinstance(raw, dict):
         raise InputError(source, "intranode", "must be an object with a strategy (all, links, ring)")
-    strategy = raw.get("strategy", "links" if "links" in raw else "ring" if "ring" in raw else "all")
-    if strategy not in INTRANODE_STRATEGIES:
-        raise InputError(source, "intranode.strategy", f"unknown strategy {strategy!r}; use all, links or ring")
+    strategy = _choice(raw.get("strategy", "links" if "links" in raw else "ring" if "ring" in raw else "all"),
+                       INTRANODE_STRATEGIES, source, "intranode.strategy")
+    bidirectional = _flag(raw, "bidirectional", source, "intranode.bidirectional")
     if strategy == "all":
         return IntraNode()
     existing = _local_pairs_with_link(topology, internode=False)
@@ -269,7 +306,7 @@ def _parse_intranode(raw, topology: Topology, source: str) -> IntraNode:
                 raise InputError(source, where, "must be a [src, dst] pair of local GPUs")
             pair = (_gpu(item[0], gpn, source, where), _gpu(item[1], gpn, source, where))
             pairs.append(pair)
-            if raw.get("bidirectional", False):
+            if bidirectional:
                 pairs.append(pair[::-1])
     else:
         ring = raw.get("ring")
@@ -280,7 +317,7 @@ def _parse_intranode(raw, topology: Topology, source: str) -> IntraNode:
             raise InputError(source, "intranode.ring", "lists a GPU twice; each GPU appears once in a ring")
         for a, b in zip(order, order[1:] + order[:1]):
             pairs.append((a, b))
-            if raw.get("bidirectional", False):
+            if bidirectional:
                 pairs.append((b, a))
     for a, b in pairs:
         if a == b:
@@ -302,9 +339,9 @@ def _parse_internode(raw, topology: Topology, source: str) -> InterNode:
     existing = _local_pairs_with_link(topology, internode=True)
     conn = raw.get("connections", "all")
     connections = None
-    if conn == "direct-map":
+    if isinstance(conn, str) and conn == "direct-map":
         connections = tuple((g, (g,)) for g in range(gpn))
-    elif conn in ("all", "fully-connected"):
+    elif isinstance(conn, str) and conn in ("all", "fully-connected"):
         connections = None
     elif isinstance(conn, dict):
         items = []
@@ -346,9 +383,7 @@ def _parse_internode(raw, topology: Topology, source: str) -> InterNode:
                 raise InputError(source, where, "must be a non-empty list of local GPUs")
             items.append((sender, tuple(sorted({_gpu(g, gpn, source, where) for g in gpus}))))
         relays = tuple(sorted(items))
-    own = raw.get("own_chunks_first", False)
-    if not isinstance(own, bool):
-        raise InputError(source, "internode.own_chunks_first", "must be true or false")
+    own = _flag(raw, "own_chunks_first", source, "internode.own_chunks_first")
     return InterNode(connections, relays, own)
 
 
@@ -359,11 +394,14 @@ def _parse_hints(raw, source: str) -> Hints:
     if extra:
         raise InputError(source, f"hints.{extra[0]}", "unknown hint; use time_limit_s, mip_gap or pieces")
     out = {}
-    for key in ("time_limit_s", "mip_gap"):
+    for key, high in (("time_limit_s", MAX_HINT_TIME_LIMIT_S), ("mip_gap", 1.0)):
         if key in raw:
             v = raw[key]
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or (key == "time_limit_s" and v == 0):
-                raise InputError(source, f"hints.{key}", f"must be a positive number, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0 or \
+                    v > high or (key == "time_limit_s" and v == 0):
+                what = "a positive" if key == "time_limit_s" else "a non-negative"
+                raise InputError(source, f"hints.{key}", f"must be {what} finite number up to {high:g}, got "
+                                 f"{_shown(v)}")
             out[key] = float(v)
     if "pieces" in raw:
         out["pieces"] = _int(raw["pieces"], source, "hints.pieces", 1, 256, "a positive integer")
@@ -382,12 +420,14 @@ def _parse_symmetry(raw, topology: Topology, source: str, sketch: Sketch) -> tup
             raise InputError(source, where, "must be an object {\"offset\": o, \"group\": g} or {\"permutation\": [...]}")
         if "permutation" in item:
             perm = item["permutation"]
-            if not isinstance(perm, list) or sorted(p for p in perm if isinstance(p, int)) != list(range(n)):
+            if not isinstance(perm, list) or len(perm) != n or any(isinstance(p, bool) or not isinstance(p, int)
+                                                                   for p in perm) or sorted(perm) != list(range(n)):
                 raise InputError(source, where, f"permutation must list every rank 0..{n - 1} once")
             perm = tuple(perm)
         else:
             group = item.get("group", "node")
-            group = {"node": gpn, "all": n}.get(group, group)
+            if isinstance(group, str) and group in ("node", "all"):
+                group = gpn if group == "node" else n
             group = _int(group, source, f"{where}.group", 1, n)
             offset = _int(item.get("offset"), source, f"{where}.offset", 0, None)
             if n % group:

@@ -30,6 +30,7 @@ A profile from which no link can be built is an error naming the fields, never a
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 
@@ -72,18 +73,28 @@ def _cost(raw: dict, key: str, source: str, positive: bool = True) -> float | No
     if key not in raw:
         return None
     value = raw[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
-        raise InputError(source, key, f"must be a {'positive' if positive else 'non-negative'} number, "
-                         f"got {value!r}")
+    if not _finite(value) or value < 0 or (positive and value == 0):
+        raise InputError(source, key, f"must be a {'positive' if positive else 'non-negative'} finite number, "
+                         f"got {_shown(value)}")
     return float(value)
+
+
+def _finite(value) -> bool:
+    """A JSON number (not a bool) that is finite (JSON's 1e999 reads as infinity)."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _beta(beta, invbw, alpha: float, source: str, where: str) -> float:
     """A per-size cost from ``beta``, or from ``invbw - alpha`` (TACCL: invbw = alpha + beta)."""
     if beta is None and invbw is not None:
         beta = invbw - alpha
-    if beta is None or beta <= 0:
-        raise InputError(source, where, f"must give a positive per-size cost (beta), got {beta!r}")
+    if beta is None or not _finite(beta) or beta <= 0:
+        raise InputError(source, where, f"must give a positive finite per-size cost (beta), got {_shown(beta)}")
     return float(beta)
 
 
@@ -129,8 +140,9 @@ def _list_links(raw: dict, gpn: int, alpha: float, size: int, source: str, out: 
     count = len(betas) if isinstance(betas, list) else len(invbws) if isinstance(invbws, list) else 0
     for key, value in (("node_betas_list", betas), ("node_invbws_list", invbws)):
         if value is not None and (not isinstance(value, list) or len(value) != count or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
-            raise InputError(source, key, f"must be a list of {count or 'one or two'} numbers, got {value!r}")
+                _finite(v) for v in value)):
+            raise InputError(source, key, f"must be a list of {count or 'one or two'} finite numbers, got "
+                             f"{_shown(value)}")
     classes = [_beta(betas[k] if betas else None, invbws[k] if invbws else None, alpha, source,
                      f"node_betas_list[{k}]") for k in range(count)]
     if count == 1:
@@ -161,13 +173,14 @@ def _matrix(raw: dict, key: str, n: int, source: str) -> list | None:
         return None
     if not isinstance(value, list) or len(value) != n or not all(
             isinstance(row, list) and len(row) == n and all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in row) for row in value):
+                _finite(v) and v >= 0 for v in row) for row in value):
         raise InputError(source, key, f"must be a {n} x {n} matrix of non-negative numbers (row = destination, "
                          "column = source, as TACCL indexes it)")
     return value
 
 
 def _matrix_links(raw: dict, gpn: int, alpha_raw, size: int, source: str, out: dict) -> str:
+    from synth.model.topology import MAX_LANES   # topology.py imports this module
     n = gpn
     lanes = _matrix(raw, "links", n, source)
     if lanes is None:
@@ -181,8 +194,9 @@ def _matrix_links(raw: dict, gpn: int, alpha_raw, size: int, source: str, out: d
             count = lanes[dst][src]
             if src == dst or not count:
                 continue
-            if isinstance(count, float) and not count.is_integer():
-                raise InputError(source, f"links[{dst}][{src}]", f"must be a whole lane count, got {count!r}")
+            if (isinstance(count, float) and not count.is_integer()) or count > MAX_LANES:
+                raise InputError(source, f"links[{dst}][{src}]", f"must be a whole lane count in 0..{MAX_LANES}, "
+                                 f"got {_shown(count)}")
             a = float(alphas[dst][src]) if alphas else float(alpha_raw or 0.0)
             beta = betas[dst][src] if betas else scalar_beta
             beta = _beta(beta, invbws[dst][src] if invbws else None, a, source, f"betas[{dst}][{src}]")
@@ -229,6 +243,8 @@ def taccl_sketch_to_dict(raw: dict, source: str) -> dict:
     if not isinstance(intra, dict):
         raise InputError(source, "intranode_sketch", "must be an object with a strategy")
     strategy = intra.get("strategy", "none")
+    if not isinstance(strategy, str):
+        raise InputError(source, "intranode_sketch.strategy", f"must be a string, got {_shown(strategy)}")
     if strategy == "switch":
         hyper = intra.get("switch_hyperedge_strategy", ["uc-max"])
         if not isinstance(hyper, list) or not hyper:
@@ -240,10 +256,14 @@ def taccl_sketch_to_dict(raw: dict, source: str) -> dict:
     inter = raw.get("internode_sketch")
     if isinstance(inter, dict):
         conn = inter.get("internode_conn", "fully-connected")
-        internode: dict = {"connections": "all" if conn == "fully-connected" else conn}
+        internode: dict = {"connections": "all" if isinstance(conn, str) and conn == "fully-connected" else conn}
         if "gpus_to_sender_rev_map" in inter:
             internode["relays"] = inter["gpus_to_sender_rev_map"]
-        internode["own_chunks_first"] = bool(inter.get("enforce_ordering", False))
+        ordering = inter.get("enforce_ordering", False)
+        if not isinstance(ordering, bool):
+            raise InputError(source, "internode_sketch.enforce_ordering", f"must be true or false, got "
+                             f"{_shown(ordering)}")
+        internode["own_chunks_first"] = ordering
         out["internode"] = internode
     elif inter is not None:
         raise InputError(source, "internode_sketch", "must be an object")
@@ -257,6 +277,9 @@ def taccl_sketch_to_dict(raw: dict, source: str) -> dict:
         sym.append({"offset": pair[0], "group": pair[1]})
     out["symmetry"] = sym
     hyper = raw.get("hyperparameters", {})
-    if isinstance(hyper, dict) and "input_chunkup" in hyper:
+    if not isinstance(hyper, dict):
+        raise InputError(source, "hyperparameters", f"must be an object like {{\"input_chunkup\": 2}}, got "
+                         f"{_shown(hyper)}")
+    if "input_chunkup" in hyper:
         out["chunks_per_rank"] = hyper["input_chunkup"]
     return out
