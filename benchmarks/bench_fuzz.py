@@ -50,7 +50,8 @@ def main() -> None:
                 counts[outcome.kind] += 1
                 if outcome.kind in ("traceback", "hang"):
                     failures.append({"surface": surface.name, "case": k, "kind": outcome.kind,
-                                     "detail": outcome.detail, "input": path.read_bytes()[:3000].decode("utf-8", "replace")})
+                                     "detail": outcome.detail,
+                                     "input": path.read_bytes()[:3000].decode("utf-8", "replace")})
                 path.unlink()
             rows.append({"surface": surface.name, "runs": per_surface, **{kind: counts[kind] for kind in KINDS},
                          "seconds": round(time.perf_counter() - t0, 2), "slowest_s": round(slowest, 3)})

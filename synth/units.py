@@ -6,6 +6,7 @@ from synth.errors import InputError
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30, "T": 1 << 40, "TB": 1 << 40}
+MAX_SIZE_BYTES = 1 << 50      # 1 PB per rank: beyond any buffer, and still exact as a float
 _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*$")
 
 
@@ -22,6 +23,8 @@ def parse_size(text: str, option: str = "--size") -> int:
     value = float(m.group(1)) * _UNITS[unit]
     if value <= 0:
         raise InputError(option, "", f"size {text!r} must be positive")
+    if round(value) < 1 or value > MAX_SIZE_BYTES:
+        raise InputError(option, "", f"size {text!r} must be from 1 byte to {MAX_SIZE_BYTES >> 40}TB")
     return int(round(value))
 
 

@@ -122,3 +122,65 @@ solver_options = solver_options_for()
 
 def is_tty() -> bool:
     return sys.stderr.isatty()
+
+
+# ----------------------------------------------------------------------------------------------- added checks
+
+MAX_FIFO_DEPTH = 64                  # messages per connection; NCCL's deepest FIFO holds 8
+MAX_REDUCE_US_PER_BYTE = 1.0         # 1 us per byte is 1 MB/s, slower than any reduction that runs
+
+
+def nodes_option(help_text: str = "Compose this many copies of a single-node topology, joined through their NICs."):
+    """``--nodes`` bounded by the largest topology we model, checked before anything is built."""
+    from synth.model.topology import MAX_RANKS
+
+    return click.option("--nodes", type=click.IntRange(1, MAX_RANKS), default=1, show_default=True, help=help_text)
+
+
+def check_root(collective: str, root: int | None) -> None:
+    """Refuse ``--root`` for a collective that has none (it used to be ignored without a word)."""
+    from synth.model.collectives import ROOTED, normalize_name
+
+    name = normalize_name(collective)
+    if root is not None and name not in ROOTED:
+        from synth.errors import InputError
+
+        raise InputError("--root", "", f"{name} has no root; drop --root (only {', '.join(ROOTED)} take one)")
+
+
+def check_output_dir(option: str, path: str, files: tuple[str, ...], subdirs: tuple[str, ...] = ()) -> None:
+    """Check an output directory before any work: an existing writable directory, or a new name whose nearest
+    existing ancestor is a writable directory; the ``files`` it will hold must be regular files if they exist,
+    and ``subdirs`` directories. Nothing is created here."""
+    import os
+    from pathlib import Path
+
+    from synth.errors import InputError
+
+    text = str(path)
+    if not text.strip():
+        raise InputError(option, "", "the output directory is empty; give a directory name")
+    target = Path(text)
+    if target.exists():
+        if not target.is_dir():
+            raise InputError(option, text, "exists and is not a directory")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise InputError(option, text, "is not writable")
+        for name in files:
+            entry = target / name
+            if (entry.exists() or entry.is_symlink()) and not entry.is_file():
+                raise InputError(option, str(entry), "exists and is not a regular file; refusing to replace it")
+            if entry.is_file() and not os.access(entry, os.W_OK):
+                raise InputError(option, str(entry), "is not writable")
+        for name in subdirs:
+            entry = target / name
+            if entry.exists() and not entry.is_dir():
+                raise InputError(option, str(entry), "exists and is not a directory")
+        return
+    ancestor = target.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise InputError(option, text, f"{str(ancestor)!r} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise InputError(option, text, f"directory {str(ancestor)!r} is not writable")

@@ -8,8 +8,8 @@ import click
 
 from synth.errors import InputError
 from synth.units import format_size, parse_size
-from synth.fileio import write_atomic
-from synth.cli._common import echo_err
+from synth.fileio import OutputPlan
+from synth.cli._common import MAX_CHUNKS, check_root, echo_err, nodes_option
 
 _SIZE_HELP = "nccl-tests' size (e.g. 1GB = 2**30 bytes, or a byte count such as 1000000000)."
 
@@ -18,8 +18,7 @@ def _topology_options(func):
     options = [
         click.option("--topology", "-t", "topology_name", required=True,
                      help="Built-in topology name or JSON file."),
-        click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Compose this many copies joined through their NICs."),
+        nodes_option("Compose this many copies joined through their NICs."),
         click.option("--size", "size_text", required=True, help=_SIZE_HELP),
         click.option("--root", type=click.IntRange(min=0), default=None,
                      help="Root rank of broadcast, reduce, gather, scatter (default 0)."),
@@ -33,15 +32,16 @@ def _topology_options(func):
 @click.command("bounds")
 @click.argument("collective")
 @_topology_options
-@click.option("--chunks", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--chunks", type=click.IntRange(1, MAX_CHUNKS), default=1, show_default=True,
               help="Chunks per rank, for the store-and-forward path of one chunk.")
 def bounds(collective, topology_name, nodes, size_text, root, as_json, chunks):
     """Lower bounds on COLLECTIVE's time: bandwidth (max-flow / LP) and latency (alpha diameter)."""
     from synth.bounds.physical import lower_bound
     from synth.model.topology import load_topology
 
-    topo = load_topology(topology_name, nodes)
+    check_root(collective, root)
     size = parse_size(size_text)
+    topo = load_topology(topology_name, nodes)
     b = lower_bound(collective, topo, size, chunks, root)
     if as_json:
         click.echo(json.dumps(b.to_dict(), indent=1))
@@ -57,7 +57,7 @@ def bounds(collective, topology_name, nodes, size_text, root, as_json, chunks):
 @click.argument("name")
 @click.argument("collective")
 @_topology_options
-@click.option("--chunks", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--chunks", type=click.IntRange(1, MAX_CHUNKS), default=1, show_default=True,
               help="Chunks per rank per ring or tree (pipelining); ignored by NAME 'best', which tries 1, 2, 4.")
 @click.option("-o", "--output", "xml_out", type=click.Path(dir_okay=False), default=None,
               help="Write the schedule as MSCCL XML, lowered with the topology and checked like `synth check`.")
@@ -80,8 +80,12 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
 
     if name != "best" and name not in BASELINES:
         raise InputError("NAME", "", f"unknown baseline {name!r}; choose best or one of {', '.join(BASELINES)}")
-    topo = load_topology(topology_name, nodes)
+    outputs = OutputPlan()
+    outputs.declare("-o", xml_out)
+    outputs.declare("--schedule-out", schedule_out)
+    check_root(collective, root)
     size = parse_size(size_text)
+    topo = load_topology(topology_name, nodes)
     emitted = None
     if name == "best" and xml_out:
         name, schedule, report, emitted = _best_written(collective, topo, size, root, target)
@@ -93,11 +97,12 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
         report = verify(schedule, topo, size)
     bound = lower_bound(schedule.collective.name, topo, size, schedule.collective.chunks_per_rank, root)
     if xml_out:
-        from backends.msccl.writer import emit_verified_xml, write_verified_xml
+        from backends.msccl.writer import emit_verified_xml
 
-        write_verified_xml(xml_out, emitted or emit_verified_xml(schedule, topo, target, size))
+        outputs.stage("-o", (emitted or emit_verified_xml(schedule, topo, target, size)).text)
     if schedule_out:
-        write_atomic(schedule_out, schedule.to_json() + "\n")
+        outputs.stage("--schedule-out", schedule.to_json() + "\n")
+    outputs.commit()
     summary = {"baseline": name, "collective": schedule.collective.name, "topology": topo.name,
                "ranks": topo.num_ranks, "size_bytes": size,
                "chunks_per_rank": schedule.collective.chunks_per_rank, "steps": schedule.steps,

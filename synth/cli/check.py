@@ -13,7 +13,7 @@ import click
 from synth.model.collectives import COLLECTIVES, normalize_name
 from backends.msccl.findings import Finding
 from backends.msccl.lint import TARGETS, cap_findings
-from synth.cli._common import EXIT_BAD_INPUT
+from synth.cli._common import EXIT_BAD_INPUT, MAX_FIFO_DEPTH
 
 CUSTOM = "custom"
 
@@ -26,7 +26,7 @@ CUSTOM = "custom"
 @click.option("--target", type=click.Choice(TARGETS), default="both", show_default=True,
               help="Runtime the file must work on: the MSCCL executor in NCCL 2.23, the legacy MSCCL fork of "
                    "NCCL 2.12, or both (problems of only one runtime are then warnings).")
-@click.option("--fifo-depth", type=click.IntRange(min=0), default=None,
+@click.option("--fifo-depth", type=click.IntRange(0, MAX_FIFO_DEPTH), default=None,
               help="Messages a connection may hold (0 = rendezvous sends). Default: judge at depth 1 and, "
                    "if that deadlocks, say whether the runtime's depth (2 Simple, 8 LL/LL128) would hang too.")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")

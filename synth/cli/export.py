@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from synth.cli._common import SynthGroup, echo_err
+from synth.cli._common import SynthGroup, echo_err, nodes_option
 
 
 @click.group(cls=SynthGroup)
@@ -15,8 +15,7 @@ def export():
 @export.command("nccl-graph")
 @click.argument("schedule_file", metavar="SCHEDULE.json", type=click.Path(dir_okay=False))
 @click.option("--topology", "topology_name", required=True, help="Built-in topology name or JSON file.")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Compose this many copies of the topology through their NICs.")
+@nodes_option("Compose this many copies of the topology through their NICs.")
 @click.option("--typeintra", type=click.Choice(["auto", "NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS"]),
               default="auto", show_default=True,
               help="NCCL's path type inside a node (auto: from the ring's links; NVL: NVLink; PIX..SYS: PCIe).")
@@ -32,8 +31,10 @@ def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output
     from backends.nccl.graph_export import graph_view, render_nccl_graph
     from synth.schedule.ir import load_schedule
     from synth.model.topology import load_topology
-    from synth.fileio import write_atomic
+    from synth.fileio import OutputPlan
 
+    outputs = OutputPlan()
+    outputs.declare("-o", output)
     schedule = load_schedule(schedule_file)
     topology = load_topology(topology_name, nodes)
     view = graph_view(schedule, topology, None if typeintra == "auto" else typeintra,
@@ -42,7 +43,8 @@ def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output
     if output is None:
         click.echo(text, nl=False)
         return
-    write_atomic(output, text)
+    outputs.stage("-o", text)
+    outputs.commit()
     echo_err(f"wrote {output}: {len(view.channels)} channel(s) at {view.speedintra} GB/s each, typeintra "
              f"{view.typeintra}, for {topology.num_ranks} ranks ({topology.num_nodes} node(s)); use it with "
              f"NCCL_GRAPH_FILE={output}")

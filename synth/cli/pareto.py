@@ -17,8 +17,9 @@ import click
 from synth.model.collectives import COLLECTIVES, normalize_name
 from synth.errors import NoSolutionError
 from synth.units import format_size
-from synth.cli._common import (MAX_CHUNKS, MAX_SOLVER_THREADS, MAX_STEPS, MAX_TIME_LIMIT_S, FiniteFloat, is_tty,
-                               solver_options_for)
+from synth.cli._common import (MAX_CHUNKS, MAX_SOLVER_THREADS, MAX_STEPS, MAX_TIME_LIMIT_S, FiniteFloat,
+                               check_output_dir, check_root, is_tty, solver_options_for)
+from synth.synthesis.method import Method
 from synth.model.topology import MAX_RANKS
 
 _SIZES_HELP = ("Size range LOW:HIGH (nccl-tests' sizes, e.g. 1KB:1GB) for the per-size choice and the bundle; "
@@ -145,7 +146,8 @@ def _size_table(plan, algorithms) -> None:
               help="Include NCCL-style baselines (synth.synthesis.baselines) as candidates.")
 @click.option("--alpha-beta/--no-alpha-beta", default=True, show_default=True,
               help="Include an alpha-beta schedule synthesized at each size (synth.synthesis.alphabeta) as candidates.")
-@click.option("--method", default="auto", show_default=True, help="Alpha-beta formulation: auto, routed or timexp.")
+@click.option("--method", type=click.Choice([Method.AUTO.value, Method.ROUTED.value, Method.TIMEXP.value]), default="auto", show_default=True,
+              help="Alpha-beta formulation.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Directory for frontier.json, frontier.png/.svg, README.txt and the msccl/ bundle.")
 @click.option("--workers", type=click.IntRange(1, MAX_SOLVER_THREADS), default=None,
@@ -179,9 +181,17 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
     from synth.model.topology import load_topology
     from synth.sweep.workers import open_executor
 
+    from synth.sweep.bundle import BUNDLE_DIR
+    from synth.sweep.workers import check_scheduler_address
+
     if workers is not None and scheduler:
         raise click.UsageError("give --workers or --scheduler, not both")
+    if scheduler is not None:
+        check_scheduler_address(scheduler)
+    if output is not None:
+        check_output_dir("-o", output, ("frontier.json", "README.txt", "frontier.png", "frontier.svg"), (BUNDLE_DIR,))
     name = normalize_name(collective)
+    check_root(name, root)
     grid = None
     if sizes.strip().lower() != "none":
         low, high = parse_size_range(sizes)
@@ -190,8 +200,6 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
     options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
     spec = plan_sweep(topo, name, max_steps, max_chunks, root, options, not no_symmetry)
     out_dir = Path(output) if output else None
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
     progress = _Progress(not quiet)
     progress.note(f"synth pareto: {name} on {topo.name} ({topo.num_ranks} ranks); steps {spec.min_steps}.."
                   f"{spec.max_steps}, chunks <= {spec.max_chunks}, R/C >= {spec.rounds_per_chunk_lower:.4g}")
@@ -207,12 +215,14 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
             points.append(point)
             progress.point(point)
             if out_dir:
+                out_dir.mkdir(parents=True, exist_ok=True)    # at the first point: a failed start leaves nothing
                 write_document(out_dir, frontier_document(snapshot(points, search), topo, "sweeping"))
         frontier = snapshot(points, search)
         progress.done()
         cands = plan = None
         if grid:
             if out_dir:
+                out_dir.mkdir(parents=True, exist_ok=True)
                 write_document(out_dir, frontier_document(frontier, topo, "sizes"))
             progress.note(f"frontier {' '.join(str(p.instance) for p in frontier.frontier) or 'empty'}; "
                           f"collecting candidates for {len(grid)} sizes")
@@ -229,6 +239,7 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
                             cands.failures if cands else (),
                             {"total_seconds": time.perf_counter() - t0})
     if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
         write_document(out_dir, doc)
         if plan is not None:
             written = write_bundle(out_dir, plan, readme_text(plan, cands.algorithms, name, topo, target))

@@ -8,6 +8,8 @@ import click
 
 from synth.cli._common import SynthGroup, echo_err
 
+MAX_PROFILE_SIZES = 64         # message sizes per pair; each costs --iters round trips
+
 
 @click.group(cls=SynthGroup)
 def profile():
@@ -69,12 +71,18 @@ def run(nprocs, backend, sizes, iters, output, name, as_json):
     from synth.runtime.p2p_profile import profile_pairs
     from synth.runtime.launch import require_torch
     from synth.units import parse_size
-    from synth.fileio import write_atomic
+    from synth.errors import InputError
+    from synth.fileio import OutputPlan
 
-    require_torch("synth profile run")
+    outputs = OutputPlan()
+    outputs.declare("-o", output)
     size_list = [parse_size(s.strip(), "--sizes") for s in sizes.split(",") if s.strip()]
+    if not size_list or len(size_list) > MAX_PROFILE_SIZES:
+        raise InputError("--sizes", "", f"give 1..{MAX_PROFILE_SIZES} comma-separated sizes, got {len(size_list)}")
+    require_torch("synth profile run")
     result = profile_pairs(nprocs, backend, size_list, iters)
-    write_atomic(output, json.dumps(result.topology_dict(name), indent=1) + "\n")
+    outputs.stage("-o", json.dumps(result.topology_dict(name), indent=1) + "\n")
+    outputs.commit()
     for p in result.pairs:
         echo_err(f"  {p.a} <-> {p.b}: alpha {p.alpha_us:.3g} us, bandwidth {p.bw_GBps:.4g} GB/s "
                  f"(relative RMS error {100 * p.rel_rms_error:.1f}%)")

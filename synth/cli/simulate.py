@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from synth.errors import InputError
-from synth.fileio import write_atomic
+from synth.fileio import OutputPlan
 from synth.model.topology import load_topology
 from synth.units import format_size, parse_size
-from synth.cli._common import echo_err
+from synth.cli._common import MAX_REDUCE_US_PER_BYTE, FiniteFloat, echo_err, nodes_option
 
 MAX_SHOWN_FINDINGS = 3
 
@@ -20,11 +20,10 @@ MAX_SHOWN_FINDINGS = 3
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--topology", "-t", "topology_name", required=True,
               help="Built-in topology NAME (see `synth topo list`) or a topology JSON FILE.")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Compose this many copies of a single-node topology, joined through their NICs.")
+@nodes_option()
 @click.option("--size", default="1MB", show_default=True,
               help="nccl-tests size (the per-rank buffer), e.g. 64KB, 1MB, 1GB.")
-@click.option("--reduce-us-per-byte", type=click.FloatRange(min=0.0), default=0.0, show_default=True,
+@click.option("--reduce-us-per-byte", type=FiniteFloat(0.0, MAX_REDUCE_US_PER_BYTE), default=0.0, show_default=True,
               help="Reduction cost per byte at the reducing rank, microseconds.")
 @click.option("--alpha-occupies", is_flag=True,
               help="Latency also occupies the link (TACCL's convention); default: latency overlaps.")
@@ -36,8 +35,10 @@ def simulate(file, topology_name, nodes, size, reduce_us_per_byte, alpha_occupie
     from backends.msccl.interpret import execute_program
     from backends.msccl.simulate import simulate_program, trace_document
 
-    topology = load_topology(topology_name, nodes)
+    outputs = OutputPlan()
+    outputs.declare("--trace", trace_path)
     size_bytes = parse_size(size)
+    topology = load_topology(topology_name, nodes)
     programs = _load_programs(file, topology, size_bytes)
     results = []
     for program in programs:
@@ -46,7 +47,8 @@ def simulate(file, topology_name, nodes, size, reduce_us_per_byte, alpha_occupie
         results.append((program, check, report))
         _summarise(program, check, report)
     if trace_path:
-        write_atomic(trace_path, json.dumps(trace_document(results[0][2])))
+        outputs.stage("--trace", json.dumps(trace_document(results[0][2])))
+        outputs.commit()
         echo_err(f"wrote trace {trace_path} (open in https://ui.perfetto.dev or chrome://tracing)")
     if as_json:
         click.echo(json.dumps(_json_report(file, results), indent=1))

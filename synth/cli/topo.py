@@ -8,7 +8,7 @@ import click
 
 from synth.model.symmetry import free_symmetry_group
 from synth.model.topology import builtin_names, load_topology
-from synth.cli._common import SynthGroup
+from synth.cli._common import SynthGroup, nodes_option
 
 
 @click.group(cls=SynthGroup)
@@ -28,8 +28,7 @@ def list_topologies():
 
 @topo.command("show")
 @click.argument("topology")
-@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Compose this many copies joined through their NICs.")
+@nodes_option("Compose this many copies joined through their NICs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the topology in the JSON file format.")
 def show(topology, nodes, as_json):
     """Show a topology given by built-in NAME or JSON FILE."""
@@ -62,9 +61,11 @@ def import_nccl(dumps, output, name):
     """Import NCCL topology dumps (NCCL_TOPO_DUMP_FILE), one per node, as a topology JSON file."""
     from backends.nccl.topo_import import read_nccl_dumps
     from synth.model.topology import topology_from_dict
-    from synth.fileio import write_atomic
+    from synth.fileio import OutputPlan
     from synth.cli._common import echo_err
 
+    outputs = OutputPlan()
+    outputs.declare("-o", output)
     result = read_nccl_dumps(list(dumps), name=name)
     t = topology_from_dict(result.topology, dumps[0])
     for warning in result.warnings:
@@ -73,7 +74,8 @@ def import_nccl(dumps, output, name):
     if output is None:
         click.echo(text, nl=False)
         return
-    write_atomic(output, text)
+    outputs.stage("-o", text)
+    outputs.commit()
     direct = sum(1 for l in t.links if l.switch is None)
     echo_err(f"wrote {output}: {t.num_ranks} ranks, {t.num_nodes} node(s), {direct} direct links, "
              f"{len(t.switches)} switch(es), {len(t.nics)} NIC(s) per node")

@@ -235,7 +235,8 @@ def _flag(raw: dict, key: str, source: str, where: str) -> bool:
 
 def _choice(value, choices: tuple[str, ...], source: str, where: str) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise InputError(source, where, f"unknown strategy {_shown(value)}; use {', '.join(choices[:-1])} or {choices[-1]}")
+        raise InputError(source, where, f"unknown strategy {_shown(value)}; use {', '.join(choices[:-1])} or "
+                         f"{choices[-1]}")
     return value
 
 

@@ -121,6 +121,8 @@ def size_grid(low: int, high: int, factor: int = 4) -> tuple[int, ...]:
     """
     if factor < 2:
         raise InputError("--size-factor", "", "must be at least 2")
+    if low < 1:
+        raise InputError("--sizes", "", f"the smallest size must be at least 1 byte, got {low}")
     sizes = [low]
     while sizes[-1] * factor <= high:
         sizes.append(sizes[-1] * factor)

@@ -16,6 +16,7 @@ import concurrent.futures as cf
 import contextlib
 import multiprocessing
 import os
+import re
 import signal
 from typing import Iterator
 
@@ -63,9 +64,32 @@ def _terminate(pool: cf.ProcessPoolExecutor) -> None:
         proc.join(timeout=5)
 
 
+_ADDRESS = re.compile(r"^(?:(tcp|tls|ucx|ws|wss)://)?(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}))"
+                      r"(?::([0-9]{1,5}))?$")
+
+
+def check_scheduler_address(address: str) -> str:
+    """Refuse a Dask scheduler address that is not ``[tcp|tls|ucx|ws|wss://]host[:port]`` before connecting
+    (Dask's own errors for such text are tracebacks of its parser).
+
+    >>> check_scheduler_address("tcp://10.0.0.5:8786")
+    'tcp://10.0.0.5:8786'
+    >>> check_scheduler_address("tcp://:x")
+    Traceback (most recent call last):
+    ...
+    synth.errors.InputError: --scheduler: cannot read address 'tcp://:x'; write e.g. tcp://host:8786
+    """
+    match = _ADDRESS.match(address.strip()) if isinstance(address, str) else None
+    port = match.group(3) if match else None
+    if match is None or (port is not None and not 1 <= int(port) <= 65535):
+        raise InputError("--scheduler", "", f"cannot read address {str(address)[:80]!r}; write e.g. tcp://host:8786")
+    return address.strip()
+
+
 @contextlib.contextmanager
 def dask_cluster(address: str) -> Iterator[tuple[cf.Executor, int]]:
     """An executor on the Dask scheduler at ``address`` (``tcp://host:port``); slots = its worker threads."""
+    address = check_scheduler_address(address)
     try:
         from distributed import Client
     except ImportError:
@@ -73,7 +97,7 @@ def dask_cluster(address: str) -> Iterator[tuple[cf.Executor, int]]:
                          "(or the synth 'dask' extra)") from None
     try:
         client = Client(address, timeout="10s")
-    except (OSError, TimeoutError) as exc:
+    except (OSError, TimeoutError, ValueError) as exc:
         raise InputError("--scheduler", "", f"cannot reach the Dask scheduler at {address!r} ({exc}); start one "
                          "with `dask scheduler` and `dask worker ADDRESS`, or drop --scheduler") from None
     try:
