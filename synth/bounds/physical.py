@@ -56,6 +56,10 @@ from synth.model.topology import Topology
 _SOURCE = "super-source"
 _REL_TOL = 1e-9
 _MAX_NEWTON = 100
+# lower_bound's work is about (links) x (ranks it searches from): a max-flow search per sink rank, and a
+# shortest-path search per source rank. At about 10 us per unit, this cap keeps a bound under ~10 s
+# (fully-connected-64, ring-512); fully-connected-1024 (10**9 units) used to run past 5 minutes at 1.7 GB.
+MAX_BOUND_WORK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -125,6 +129,7 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
     name = normalize_name(collective_name)
     if size_bytes <= 0:
         raise InputError("--size", "", f"size must be positive, got {size_bytes!r}")
+    _check_work(name, topology)
     coll = make_collective(name, topology.num_ranks, chunks_per_rank, root)
     bw_us, method = bandwidth_bound_us(name, topology, size_bytes, coll.root)
     pairs = _relevant_pairs(name, topology.num_ranks, coll.root)
@@ -133,6 +138,17 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
     limit = max(bw_us, latency_us)
     binding = "bandwidth" if bw_us >= latency_us else "latency"
     return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, limit, binding, hops, chunk_us, method)
+
+
+def _check_work(name: str, topology: Topology) -> None:
+    """Refuse, before any work, a bound that would take minutes (see :data:`MAX_BOUND_WORK`): every collective
+    searches from or to about every rank (max-flow sinks, broadcast's min cut per rank, shortest paths)."""
+    work = len(topology.links) * topology.num_ranks
+    if work > MAX_BOUND_WORK:
+        raise InputError(topology.name, "", f"{name} bounds on {topology.num_ranks} ranks and {len(topology.links)} "
+                         f"links need {work} units of flow and path search, more than the "
+                         f"{MAX_BOUND_WORK} this command does in about 10 s; use fewer ranks or a topology with "
+                         "fewer links")
 
 
 def bandwidth_bound_us(collective_name: str, topology: Topology, size_bytes: float,
