@@ -2,8 +2,12 @@
 
 Every input surface (topology and TACCL profiles, sketches and TACCL sketches, schedule JSON through
 ``simulate`` and ``export``, NCCL topology dumps, MSCCL XML, nccl-tests text; see ``tests/support/fuzzing.py``)
-gets COUNT / surfaces seeded mutations of files the project writes itself; each runs in-process through click's
-CliRunner with a per-case wall-clock limit. Target: 0 tracebacks, 0 hangs. Run from the repository root::
+gets COUNT / surfaces seeded mutations of files the project writes itself, and two more surfaces get hostile
+command lines: option values (NaN, huge counts, malformed sizes and addresses) and output paths (missing
+directories, FIFOs, devices, directories, overlong names). Each case runs in-process through click's CliRunner
+with a per-case wall-clock limit. A failed output-path case that leaves a file or replaces the FIFO, the file or
+the directory it pointed at counts as ``left``. Target: 0 tracebacks, 0 hangs, 0 left. Run from the repository
+root::
 
     python benchmarks/bench_fuzz.py [COUNT] [SEED] [LIMIT_S]
 
@@ -13,7 +17,9 @@ Prints a table per surface (and the first traceback of each surface) and writes
 
 from __future__ import annotations
 
+import os
 import random
+import stat
 import sys
 import tempfile
 import time
@@ -25,9 +31,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _common import print_table, write_json  # noqa: E402
-from support.fuzzing import SURFACES, argv_for, mutate, run_case  # noqa: E402
+from support.fuzzing import (SURFACES, argv_for, mutate, option_case, path_case, reset_scratch,  # noqa: E402
+                             run_case, scratch_files)
 
-KINDS = ("ok", "error", "traceback", "hang")
+KINDS = ("ok", "error", "traceback", "hang", "left")
 
 
 def main() -> None:
@@ -35,27 +42,19 @@ def main() -> None:
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
     limit_s = float(sys.argv[3]) if len(sys.argv) > 3 else 20.0
     rng = random.Random(seed)
-    per_surface = -(-count // len(SURFACES))
+    names = list(SURFACES) + ["cli-options", "output-paths"]
+    per_surface = -(-count // len(names))
     rows, failures = [], []
+    start_dir = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp:
-        for surface in SURFACES.values():
-            seeds = surface.seeds()
-            counts, slowest, t0 = Counter(), 0.0, time.perf_counter()
-            for k in range(per_surface):
-                path = Path(tmp) / f"{surface.name}-{k}{surface.suffix}"
-                path.write_bytes(mutate(rng.choice(seeds), rng, surface.structured))
-                start = time.perf_counter()
-                outcome = run_case(argv_for(surface, path), limit_s)
-                slowest = max(slowest, time.perf_counter() - start)
-                counts[outcome.kind] += 1
-                if outcome.kind in ("traceback", "hang"):
-                    failures.append({"surface": surface.name, "case": k, "kind": outcome.kind,
-                                     "detail": outcome.detail,
-                                     "input": path.read_bytes()[:3000].decode("utf-8", "replace")})
-                path.unlink()
-            rows.append({"surface": surface.name, "runs": per_surface, **{kind: counts[kind] for kind in KINDS},
-                         "seconds": round(time.perf_counter() - t0, 2), "slowest_s": round(slowest, 3)})
-            print(f"{surface.name}: {dict(counts)}", file=sys.stderr, flush=True)
+        folder = Path(tmp)
+        files = scratch_files(folder)
+        os.chdir(folder)            # output-path cases name entries relative to the scratch folder
+        try:
+            for name in names:
+                rows.append(_surface(name, per_surface, rng, folder, files, limit_s, failures))
+        finally:
+            os.chdir(start_dir)
     rows.append({"surface": "total", "runs": sum(r["runs"] for r in rows),
                  **{kind: sum(r[kind] for r in rows) for kind in KINDS},
                  "seconds": round(sum(r["seconds"] for r in rows), 2),
@@ -65,8 +64,48 @@ def main() -> None:
     for failure in failures:
         if failure["surface"] not in shown:
             shown.add(failure["surface"])
-            print(f"\nfirst {failure['kind']} on {failure['surface']} (case {failure['case']}):\n{failure['detail']}")
+            print(f"\nfirst {failure['kind']} on {failure['surface']} (case {failure['case']}): {failure['argv']}\n"
+                  f"{failure['detail']}")
     print(f"wrote {write_json('fuzz', rows + [{'failures': failures[:50]}])}")
+
+
+def _surface(name, runs, rng, folder, files, limit_s, failures) -> dict:
+    """Run one surface's cases; a failed output-path case that leaves or replaces an entry counts as 'left'."""
+    counts, slowest, t0 = Counter(), 0.0, time.perf_counter()
+    for k in range(runs):
+        text = None
+        if name in SURFACES:
+            surface = SURFACES[name]
+            path = folder / f"case{surface.suffix}"
+            path.write_bytes(mutate(rng.choice(surface.seeds()), rng, surface.structured))
+            text = path.read_bytes()[:3000].decode("utf-8", "replace")
+            argv = argv_for(surface, path)
+        elif name == "cli-options":
+            argv = option_case(rng, files)
+        else:
+            reset_scratch(folder)
+            argv = path_case(rng, files)
+        start = time.perf_counter()
+        outcome = run_case(argv, limit_s)
+        slowest = max(slowest, time.perf_counter() - start)
+        kind = outcome.kind
+        if name == "output-paths" and kind == "error" and _left_behind(folder):
+            kind = "left"
+        counts[kind] += 1
+        if kind not in ("ok", "error"):
+            failures.append({"surface": name, "case": k, "kind": kind, "argv": [a[:100] for a in argv],
+                             "detail": outcome.detail, "input": text})
+    print(f"{name}: {dict(counts)}", file=sys.stderr, flush=True)
+    return {"surface": name, "runs": runs, **{kind: counts[kind] for kind in KINDS},
+            "seconds": round(time.perf_counter() - t0, 2), "slowest_s": round(slowest, 3)}
+
+
+def _left_behind(folder: Path) -> bool:
+    """True when the scratch folder holds more than reset_scratch made, or the FIFO, file or dir were replaced."""
+    expected = {"dir", "file", "fifo", "schedule.json", "program.xml", "dump.xml", "sendrecv.txt"}
+    return (set(os.listdir(folder)) - expected - {"case.json", "case.xml", "case.txt"} != set()
+            or not stat.S_ISFIFO(os.lstat(folder / "fifo").st_mode) or (folder / "file").read_text() != "kept"
+            or not (folder / "dir").is_dir() or any((folder / "dir").iterdir()))
 
 
 if __name__ == "__main__":

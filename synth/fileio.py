@@ -145,6 +145,7 @@ class OutputPlan:
             raise InputError(option, "", "the output path is empty; give a file name")
         if text.endswith(("/", os.sep)):
             raise InputError(option, text, "names a directory; give a file name inside it")
+        _check_usable(option, text)
         target = Path(text)
         if target.exists() or target.is_symlink():
             info = os.stat(target) if target.exists() else None
@@ -186,6 +187,17 @@ class OutputPlan:
                     os.unlink(tmp)
             raise
         return [target for _, target in temps]
+
+
+def _check_usable(option: str, text: str) -> None:
+    """Refuse a path the system cannot even look up (a name over NAME_MAX, a loop of links), in one line."""
+    try:
+        os.lstat(text)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        raise InputError(option, text[:80] + ("..." if len(text) > 80 else ""),
+                         f"cannot be used as a path ({exc.strerror})") from None
 
 
 def _write_temp(path: Path, text: str | bytes) -> str:

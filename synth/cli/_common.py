@@ -160,6 +160,12 @@ def check_output_dir(option: str, path: str, files: tuple[str, ...], subdirs: tu
     text = str(path)
     if not text.strip():
         raise InputError(option, "", "the output directory is empty; give a directory name")
+    try:
+        os.lstat(text)
+    except (FileNotFoundError, NotADirectoryError):
+        pass
+    except OSError as exc:
+        raise InputError(option, text[:80], f"cannot be used as a path ({exc.strerror})") from None
     target = Path(text)
     if target.exists():
         if not target.is_dir():

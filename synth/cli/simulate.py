@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import click
@@ -57,7 +58,7 @@ def simulate(file, topology_name, nodes, size, reduce_us_per_byte, alpha_occupie
 def _load_programs(file: str, topology, size_bytes: int) -> list:
     """MSCCL XML -> its programs; a schedule JSON -> the lead backend's lowering of it."""
     path = Path(file)
-    if not path.is_file():
+    if not os.path.isfile(path):      # os.path: False, not OSError, for an overlong name
         raise InputError(file, "", "no such file")
     if path.suffix.lower() == ".json":
         from backends.msccl.lowering import lower_to_msccl

@@ -26,6 +26,7 @@ Every problem raises :class:`synth.errors.InputError` naming the file, the field
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -172,12 +173,12 @@ def load_sketch(name_or_path: str | Path, topology: Topology) -> Sketch:
     ((1, (0,)),)
     """
     path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
+    if path.suffix == ".json" or os.path.exists(path):     # os.path: False, not OSError, for an overlong name
         source = str(path)
         raw = read_json(path, "sketch", max_bytes=MAX_SKETCH_BYTES)
     else:
         candidate = resources.files("synth.sketches") / f"{name_or_path}.json"
-        if not candidate.is_file():
+        if str(name_or_path) not in builtin_sketch_names():    # is_file() raises for an overlong name
             known = ", ".join(builtin_sketch_names())
             raise InputError("--sketch", "", f"unknown sketch {str(name_or_path)!r}; use a JSON file path or one "
                              f"of: {known}")

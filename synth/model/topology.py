@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -402,13 +403,13 @@ def load_topology(name_or_path: str, nodes: int = 1) -> Topology:
     4
     """
     path = Path(name_or_path)
-    if path.suffix == ".json" or path.exists():
+    if path.suffix == ".json" or os.path.exists(path):     # os.path: False, not OSError, for an overlong name
         topo = load_topology_file(path)
     else:
         # Names are case-insensitive: msccl-tools and TACCL spell them DGX1, DGX2, NDv2.
         key = name_or_path.lower()
         candidate = builtin_dir() / f"{key}.json"
-        if candidate.is_file():
+        if key in builtin_names():        # not candidate.is_file(): that raises for an overlong name
             topo = topology_from_dict(parse_json(candidate.read_bytes(), f"topologies/{key}.json"),
                                       f"topologies/{key}.json")
         else:

@@ -269,3 +269,77 @@ def classify(result) -> Outcome:
 
 def argv_for(surface: Surface, path: Path) -> list[str]:
     return [str(path) if part == "{path}" else part for part in surface.argv]
+
+
+# ----------------------------------------------------------------------------------------------- options, paths
+
+# Values typed where a number, a size, a name or an address belongs (argv never holds a NUL byte).
+OPTION_VALUES = ["nan", "inf", "-inf", "-1", "0", "0.4", "1e999", "99999999999999999999", "1KB", "1:2", "", "abc",
+                 "¹", "0x10", "1e3", " 4 ", "-0", "4096", "4097", "1024TB", "1025TB", "0.4:1KB", "1KB:1GB", "1B:1B",
+                 "tcp://x:1", "tcp://:x", "[::1]:99999", "2", "3", "1", "64KB", "1000000000", "ring-4", "dgx1",
+                 "fully-connected-2000", "ring-1", "ring-99999999999"]
+# (argv template, option slots): {v} slots are filled from OPTION_VALUES, {schedule}/{xml} with valid files
+OPTION_COMMANDS = [
+    ("bounds", "allgather", "-t", "ring-4", "--size", "{v}", "--chunks", "{v}"),
+    ("bounds", "broadcast", "-t", "{v}", "--size", "1KB", "--nodes", "{v}", "--root", "{v}"),
+    ("baseline", "ring", "allgather", "-t", "ring-4", "--size", "{v}", "--chunks", "{v}", "--root", "{v}"),
+    ("simulate", "{schedule}", "-t", "ring-4", "--size", "{v}", "--reduce-us-per-byte", "{v}", "--nodes", "{v}"),
+    ("check", "{xml}", "--fifo-depth", "{v}"),
+    ("topo", "show", "{v}", "--nodes", "{v}"),
+    ("export", "nccl-graph", "{schedule}", "--topology", "{v}", "--nodes", "{v}"),
+    ("pareto", "allgather", "-t", "ring-4", "--sizes", "{v}", "--budget", "{v}", "--max-steps", "2", "--max-chunks",
+     "1", "--workers", "1", "--time-limit", "2", "--no-alpha-beta", "--no-baselines", "-q"),
+    ("pareto", "allgather", "-t", "ring-4", "--scheduler", "{v}", "--method", "{v}", "--root", "{v}", "--sizes",
+     "none", "--max-steps", "2", "--max-chunks", "1", "-q"),
+    ("profile", "fit", "{nccl_tests}", "--ranks", "{v}", "--min-bytes", "{v}", "--max-bytes", "{v}"),
+]
+# Output paths: names in a scratch directory holding a file, a FIFO and a directory
+PATH_VALUES = ["", "/", ".", "dir", "dir/", "dir/new.out", "file", "file/x", "fifo", "/dev/null", "nodir/x",
+               "a" * 300, "a" * 300 + "/b", "new.out", "new.out/", "dir/../new.out", "-", "~/x", "/proc/self/x"]
+PATH_COMMANDS = [
+    ("baseline", "ring", "allgather", "-t", "ring-4", "--size", "1KB", "-o", "{p}", "--schedule-out", "{p}"),
+    ("export", "nccl-graph", "{schedule}", "--topology", "ring-4", "-o", "{p}"),
+    ("simulate", "{schedule}", "-t", "ring-4", "--trace", "{p}"),
+    ("topo", "import-nccl", "{dump}", "-o", "{p}"),
+    ("pareto", "allgather", "-t", "ring-4", "-o", "{p}", "--sizes", "none", "--max-steps", "2", "--max-chunks", "1",
+     "-q", "--workers", "1"),
+]
+
+
+def scratch_files(folder: Path) -> dict[str, str]:
+    """Write the valid files option and path cases read (and the scratch entries paths point at)."""
+    files = {"schedule": folder / "schedule.json", "xml": folder / "program.xml", "dump": folder / "dump.xml",
+             "nccl_tests": folder / "sendrecv.txt"}
+    files["schedule"].write_bytes(_schedule_seeds()[0])
+    files["xml"].write_bytes(_msccl_seeds()[0])
+    files["dump"].write_bytes(_nccl_dump_seeds()[0])
+    files["nccl_tests"].write_bytes(_nccl_tests_seeds()[0])
+    return {key: str(path) for key, path in files.items()}
+
+
+def reset_scratch(folder: Path) -> None:
+    """The entries output-path cases point at: ``file`` (regular), ``fifo``, ``dir``; nothing else left over."""
+    import os
+    import shutil
+
+    for entry in ("new.out", "dir", "file", "fifo", "-"):
+        path = folder / entry
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        elif path.exists() or path.is_symlink():
+            path.unlink()
+    (folder / "dir").mkdir()
+    (folder / "file").write_text("kept")
+    os.mkfifo(folder / "fifo")
+
+
+def option_case(rng: random.Random, files: dict[str, str]) -> list[str]:
+    template = rng.choice(OPTION_COMMANDS)
+    return [rng.choice(OPTION_VALUES) if part == "{v}" else files[part[1:-1]] if part[1:-1] in files else part
+            for part in template]
+
+
+def path_case(rng: random.Random, files: dict[str, str]) -> list[str]:
+    template = rng.choice(PATH_COMMANDS)
+    return [rng.choice(PATH_VALUES) if part == "{p}" else files[part[1:-1]] if part[1:-1] in files else part
+            for part in template]
