@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _common import print_table, write_json  # noqa: E402
-from support.fuzzing import (SURFACES, argv_for, mutate, option_case, path_case, reset_scratch,  # noqa: E402
+from support.fuzzing import (INPUT_NAMES, SURFACES, argv_for, mutate, option_case, path_case, reset_scratch,  # noqa: E402
                              run_case, scratch_files)
 
 KINDS = ("ok", "error", "traceback", "hang", "left")
@@ -102,8 +102,9 @@ def _surface(name, runs, rng, folder, files, limit_s, failures) -> dict:
 
 def _left_behind(folder: Path) -> bool:
     """True when the scratch folder holds more than reset_scratch made, or the FIFO, file or dir were replaced."""
-    expected = {"dir", "file", "fifo", "schedule.json", "program.xml", "dump.xml", "sendrecv.txt"}
-    return (set(os.listdir(folder)) - expected - {"case.json", "case.xml", "case.txt"} != set()
+    extra = {name for name in os.listdir(folder) if name not in ("dir", "file", "fifo", *INPUT_NAMES)
+             and not name.startswith("case.")}
+    return (extra != set()
             or not stat.S_ISFIFO(os.lstat(folder / "fifo").st_mode) or (folder / "file").read_text() != "kept"
             or not (folder / "dir").is_dir() or any((folder / "dir").iterdir()))
 

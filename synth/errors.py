@@ -47,3 +47,13 @@ class BackendError(SynthError):
 
 class VerificationError(SynthError):
     """A schedule or program does not implement its collective (the replay check failed)."""
+
+
+def shown(value, limit: int = 40) -> str:
+    """``repr(value)`` cut to ``limit`` characters, for quoting a hostile value in a one-line error.
+
+    >>> shown([0] * 30)
+    '[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, ...'
+    """
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -173,29 +173,31 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
       synth pareto allgather --topology ndv2 --nodes 2 --sizes 1KB:1GB -o out/
       synth pareto alltoall --topology dgx1 --scheduler tcp://10.0.0.5:8786 -o out/
     """
-    from synth.sweep.bundle import frontier_document, plan_bundle, readme_text, write_bundle, write_document
-    from synth.sweep.sources import collect_algorithms
-    from synth.sweep.frontier import Frontier, FrontierSearch, pareto_filter, plan_sweep
     from synth.sweep.sizes import parse_size_range, size_grid
-    from synth.solver.highs import SolverOptions
-    from synth.model.topology import load_topology
-    from synth.sweep.workers import open_executor
-
-    from synth.sweep.bundle import BUNDLE_DIR
     from synth.sweep.workers import check_scheduler_address
 
     if workers is not None and scheduler:
         raise click.UsageError("give --workers or --scheduler, not both")
     if scheduler is not None:
         check_scheduler_address(scheduler)
-    if output is not None:
-        check_output_dir("-o", output, ("frontier.json", "README.txt", "frontier.png", "frontier.svg"), (BUNDLE_DIR,))
     name = normalize_name(collective)
     check_root(name, root)
     grid = None
     if sizes.strip().lower() != "none":
         low, high = parse_size_range(sizes)
         grid = size_grid(low, high, int(size_factor))
+
+    # the sweep's modules load the solver stack (a second or more): imported once the cheap checks passed
+    from synth.model.topology import load_topology
+    from synth.solver.highs import SolverOptions
+    from synth.sweep.bundle import (BUNDLE_DIR, frontier_document, plan_bundle, readme_text, write_bundle,
+                                    write_document)
+    from synth.sweep.frontier import Frontier, FrontierSearch, pareto_filter, plan_sweep
+    from synth.sweep.sources import collect_algorithms
+    from synth.sweep.workers import open_executor
+
+    if output is not None:
+        check_output_dir("-o", output, ("frontier.json", "README.txt", "frontier.png", "frontier.svg"), (BUNDLE_DIR,))
     topo = load_topology(topology, nodes)
     options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
     spec = plan_sweep(topo, name, max_steps, max_chunks, root, options, not no_symmetry)

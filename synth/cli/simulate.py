@@ -33,14 +33,14 @@ MAX_SHOWN_FINDINGS = 3
               help="Write a Chrome/Perfetto trace of the (first) algorithm: one track per rank/tb and per link.")
 def simulate(file, topology_name, nodes, size, reduce_us_per_byte, alpha_occupies, as_json, trace_path):
     """Time the algorithm in FILE (MSCCL XML, or a synth schedule .json) on a topology at a size."""
-    from backends.msccl.interpret import execute_program
-    from backends.msccl.simulate import simulate_program, trace_document
-
     outputs = OutputPlan()
     outputs.declare("--trace", trace_path)
     size_bytes = parse_size(size)
     topology = load_topology(topology_name, nodes)
     programs = _load_programs(file, topology, size_bytes)
+    from backends.msccl.interpret import execute_program       # after the inputs are checked: a refusal is fast
+    from backends.msccl.simulate import simulate_program, trace_document
+
     results = []
     for program in programs:
         check = execute_program(program)
@@ -61,11 +61,10 @@ def _load_programs(file: str, topology, size_bytes: int) -> list:
     if not os.path.isfile(path):      # os.path: False, not OSError, for an overlong name
         raise InputError(file, "", "no such file")
     if path.suffix.lower() == ".json":
-        from backends.msccl.lowering import lower_to_msccl
-
         from synth.schedule.ir import load_schedule
 
         schedule = load_schedule(path)
+        from backends.msccl.lowering import lower_to_msccl   # after the file is checked: a refusal is fast
         return [lower_to_msccl(schedule, topology, size_bytes=size_bytes, target="executor")]
     from backends.msccl.parse import load_msccl_xml
 

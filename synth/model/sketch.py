@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from synth.errors import InputError
+from synth.errors import InputError, shown
 from synth.fileio import document_name, parse_json, read_json
 from synth.model.symmetry import is_automorphism
 from synth.model.taccl import is_taccl_sketch, taccl_sketch_to_dict
@@ -204,17 +204,12 @@ def _decimal(text: str) -> int | None:
     return int(text)
 
 
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _int(value, source: str, where: str, lo: int = 0, hi: int | None = None, what: str = "an integer") -> int:
     if isinstance(value, str) and _decimal(value) is not None:
         value = _decimal(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < lo or (hi is not None and value > hi):
         rng = f" in {lo}..{hi}" if hi is not None else (f" >= {lo}" if lo else "")
-        raise InputError(source, where, f"must be {what}{rng}, got {_shown(value)}")
+        raise InputError(source, where, f"must be {what}{rng}, got {shown(value)}")
     return value
 
 
@@ -222,7 +217,7 @@ def _gpu(value, gpn: int, source: str, where: str) -> int:
     if isinstance(value, str) and _decimal(value) is not None:
         value = _decimal(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < gpn:
-        raise InputError(source, where, f"unknown GPU {_shown(value)}; local GPUs are 0..{gpn - 1}")
+        raise InputError(source, where, f"unknown GPU {shown(value)}; local GPUs are 0..{gpn - 1}")
     return value
 
 
@@ -230,13 +225,13 @@ def _flag(raw: dict, key: str, source: str, where: str) -> bool:
     """A JSON boolean (``"no"`` or 0 are refused, not read as a truth value)."""
     value = raw.get(key, False)
     if not isinstance(value, bool):
-        raise InputError(source, where, f"must be true or false, got {_shown(value)}")
+        raise InputError(source, where, f"must be true or false, got {shown(value)}")
     return value
 
 
 def _choice(value, choices: tuple[str, ...], source: str, where: str) -> str:
     if not isinstance(value, str) or value not in choices:
-        raise InputError(source, where, f"unknown strategy {_shown(value)}; use {', '.join(choices[:-1])} or "
+        raise InputError(source, where, f"unknown strategy {shown(value)}; use {', '.join(choices[:-1])} or "
                          f"{choices[-1]}")
     return value
 
@@ -277,7 +272,7 @@ def sketch_from_dict(raw: dict, topology: Topology, source: str = "<memory>") ->
     hints = _parse_hints(raw.get("hints", {}), source)
     description = raw.get("description", "")
     if not isinstance(description, str):
-        raise InputError(source, "description", f"must be a string, got {_shown(description)}")
+        raise InputError(source, "description", f"must be a string, got {shown(description)}")
     sketch = Sketch(name=name, source=source, intranode=intranode, switch_strategy=strategy, internode=internode,
                     chunks_per_rank=chunks, hints=hints, description=description)
     symmetry = _parse_symmetry(raw.get("symmetry", []), topology, source, sketch)
@@ -403,7 +398,7 @@ def _parse_hints(raw, source: str) -> Hints:
                     v > high or (key == "time_limit_s" and v == 0):
                 what = "a positive" if key == "time_limit_s" else "a non-negative"
                 raise InputError(source, f"hints.{key}", f"must be {what} finite number up to {high:g}, got "
-                                 f"{_shown(v)}")
+                                 f"{shown(v)}")
             out[key] = float(v)
     if "pieces" in raw:
         out["pieces"] = _int(raw["pieces"], source, "hints.pieces", 1, 256, "a positive integer")

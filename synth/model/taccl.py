@@ -34,7 +34,7 @@ import math
 import re
 from pathlib import Path
 
-from synth.errors import InputError
+from synth.errors import InputError, shown
 from synth.units import format_size, parse_size
 
 _SIZE_IN_NAME = re.compile(r"(?<![0-9.])([0-9]+(?:\.[0-9]+)?)\s*([KMGT]i?B)(?![A-Za-z])", re.IGNORECASE)
@@ -75,7 +75,7 @@ def _cost(raw: dict, key: str, source: str, positive: bool = True) -> float | No
     value = raw[key]
     if not _finite(value) or value < 0 or (positive and value == 0):
         raise InputError(source, key, f"must be a {'positive' if positive else 'non-negative'} finite number, "
-                         f"got {_shown(value)}")
+                         f"got {shown(value)}")
     return float(value)
 
 
@@ -84,17 +84,12 @@ def _finite(value) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _beta(beta, invbw, alpha: float, source: str, where: str) -> float:
     """A per-size cost from ``beta``, or from ``invbw - alpha`` (TACCL: invbw = alpha + beta)."""
     if beta is None and invbw is not None:
         beta = invbw - alpha
     if beta is None or not _finite(beta) or beta <= 0:
-        raise InputError(source, where, f"must give a positive finite per-size cost (beta), got {_shown(beta)}")
+        raise InputError(source, where, f"must give a positive finite per-size cost (beta), got {shown(beta)}")
     return float(beta)
 
 
@@ -142,7 +137,7 @@ def _list_links(raw: dict, gpn: int, alpha: float, size: int, source: str, out: 
         if value is not None and (not isinstance(value, list) or len(value) != count or not all(
                 _finite(v) for v in value)):
             raise InputError(source, key, f"must be a list of {count or 'one or two'} finite numbers, got "
-                             f"{_shown(value)}")
+                             f"{shown(value)}")
     classes = [_beta(betas[k] if betas else None, invbws[k] if invbws else None, alpha, source,
                      f"node_betas_list[{k}]") for k in range(count)]
     if count == 1:
@@ -196,7 +191,7 @@ def _matrix_links(raw: dict, gpn: int, alpha_raw, size: int, source: str, out: d
                 continue
             if (isinstance(count, float) and not count.is_integer()) or count > MAX_LANES:
                 raise InputError(source, f"links[{dst}][{src}]", f"must be a whole lane count in 0..{MAX_LANES}, "
-                                 f"got {_shown(count)}")
+                                 f"got {shown(count)}")
             a = float(alphas[dst][src]) if alphas else float(alpha_raw or 0.0)
             beta = betas[dst][src] if betas else scalar_beta
             beta = _beta(beta, invbws[dst][src] if invbws else None, a, source, f"betas[{dst}][{src}]")
@@ -244,7 +239,7 @@ def taccl_sketch_to_dict(raw: dict, source: str) -> dict:
         raise InputError(source, "intranode_sketch", "must be an object with a strategy")
     strategy = intra.get("strategy", "none")
     if not isinstance(strategy, str):
-        raise InputError(source, "intranode_sketch.strategy", f"must be a string, got {_shown(strategy)}")
+        raise InputError(source, "intranode_sketch.strategy", f"must be a string, got {shown(strategy)}")
     if strategy == "switch":
         hyper = intra.get("switch_hyperedge_strategy", ["uc-max"])
         if not isinstance(hyper, list) or not hyper:
@@ -262,7 +257,7 @@ def taccl_sketch_to_dict(raw: dict, source: str) -> dict:
         ordering = inter.get("enforce_ordering", False)
         if not isinstance(ordering, bool):
             raise InputError(source, "internode_sketch.enforce_ordering", f"must be true or false, got "
-                             f"{_shown(ordering)}")
+                             f"{shown(ordering)}")
         internode["own_chunks_first"] = ordering
         out["internode"] = internode
     elif inter is not None:
@@ -279,7 +274,7 @@ def taccl_sketch_to_dict(raw: dict, source: str) -> dict:
     hyper = raw.get("hyperparameters", {})
     if not isinstance(hyper, dict):
         raise InputError(source, "hyperparameters", f"must be an object like {{\"input_chunkup\": 2}}, got "
-                         f"{_shown(hyper)}")
+                         f"{shown(hyper)}")
     if "input_chunkup" in hyper:
         out["chunks_per_rank"] = hyper["input_chunkup"]
     return out

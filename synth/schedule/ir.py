@@ -18,7 +18,7 @@ from pathlib import Path
 
 from synth.model.collectives import COLLECTIVES, ROOTED, Collective, make_collective
 from synth.model.topology import MAX_RANKS
-from synth.errors import InputError
+from synth.errors import InputError, shown
 from synth.fileio import read_json
 
 COPY = "copy"
@@ -103,20 +103,15 @@ def collective_cells(name: str, num_ranks: int, chunks_per_rank: int) -> int:
 def _count(value, source: str, where: str, low: int, high: int) -> int:
     """An integer JSON value (never a bool, a float or a string) in ``low..high``."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InputError(source, where, f"must be an integer in {low}..{high}, got {_shown(value)}")
+        raise InputError(source, where, f"must be an integer in {low}..{high}, got {shown(value)}")
     return value
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _time(value, source: str, where: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise InputError(source, where, f"must be a finite time in us >= 0 (or null), got {_shown(value)}")
+        raise InputError(source, where, f"must be a finite time in us >= 0 (or null), got {shown(value)}")
     return float(value)
 
 
@@ -130,7 +125,7 @@ def _collective(raw, source: str) -> Collective:
                          "root")
     name = raw.get("name")
     if not isinstance(name, str) or name.strip().lower() not in COLLECTIVES:
-        raise InputError(source, "collective.name", f"unknown collective {_shown(name)}; use one of "
+        raise InputError(source, "collective.name", f"unknown collective {shown(name)}; use one of "
                          f"{', '.join(COLLECTIVES)}")
     name = name.strip().lower()
     n = _count(raw.get("num_ranks"), source, "collective.num_ranks", 2, MAX_RANKS)
@@ -171,7 +166,7 @@ def _transfers(raw, collective: Collective, source: str) -> tuple[Transfer, ...]
         step = _count(item["step"], source, f"{where}.step", 0, MAX_SCHEDULE_STEPS)
         op = item.get("op", COPY)
         if op not in (COPY, REDUCE):
-            raise InputError(source, f"{where}.op", f"unknown op {_shown(op)}; use copy or reduce")
+            raise InputError(source, f"{where}.op", f"unknown op {shown(op)}; use copy or reduce")
         start = _time(item.get("start_us"), source, f"{where}.start_us")
         end = _time(item.get("end_us"), source, f"{where}.end_us")
         if start is not None and end is not None and end < start:
@@ -204,7 +199,7 @@ def schedule_from_dict(raw: dict, source: str = "<memory>") -> Schedule:
     collective = _collective(raw["collective"], source)
     topology = raw["topology"]
     if not isinstance(topology, str):
-        raise InputError(source, "topology", f"must be a topology name (a string), got {_shown(topology)}")
+        raise InputError(source, "topology", f"must be a topology name (a string), got {shown(topology)}")
     steps = _count(raw["steps"], source, "steps", 1, MAX_SCHEDULE_STEPS)
     rounds = raw.get("rounds")
     if rounds is not None:
@@ -216,10 +211,10 @@ def schedule_from_dict(raw: dict, source: str = "<memory>") -> Schedule:
         rps = tuple(_count(r, source, f"rounds_per_step[{k}]", 0, MAX_SCHEDULE_STEPS) for k, r in enumerate(rps))
     method = raw.get("method", "steps")
     if not isinstance(method, str):
-        raise InputError(source, "method", f"must be a string, got {_shown(method)}")
+        raise InputError(source, "method", f"must be a string, got {shown(method)}")
     inplace = raw.get("inplace", False)
     if not isinstance(inplace, bool):
-        raise InputError(source, "inplace", f"must be true or false, got {_shown(inplace)}")
+        raise InputError(source, "inplace", f"must be true or false, got {shown(inplace)}")
     notes = raw.get("notes") or {}
     if not isinstance(notes, dict):
         raise InputError(source, "notes", "must be an object")

@@ -308,8 +308,7 @@ PATH_COMMANDS = [
 
 def scratch_files(folder: Path) -> dict[str, str]:
     """Write the valid files option and path cases read (and the scratch entries paths point at)."""
-    files = {"schedule": folder / "schedule.json", "xml": folder / "program.xml", "dump": folder / "dump.xml",
-             "nccl_tests": folder / "sendrecv.txt"}
+    files = {key: folder / name for key, name in zip(("schedule", "xml", "dump", "nccl_tests"), INPUT_NAMES)}
     files["schedule"].write_bytes(_schedule_seeds()[0])
     files["xml"].write_bytes(_msccl_seeds()[0])
     files["dump"].write_bytes(_nccl_dump_seeds()[0])
@@ -317,16 +316,21 @@ def scratch_files(folder: Path) -> dict[str, str]:
     return {key: str(path) for key, path in files.items()}
 
 
+INPUT_NAMES = ("schedule.json", "program.xml", "dump.xml", "sendrecv.txt")
+
+
 def reset_scratch(folder: Path) -> None:
-    """The entries output-path cases point at: ``file`` (regular), ``fifo``, ``dir``; nothing else left over."""
+    """The entries output-path cases point at: ``file`` (regular), ``fifo``, ``dir``; nothing else but the
+    inputs of :func:`scratch_files` (and a mutated ``case.*``) is left over from an earlier case."""
     import os
     import shutil
 
-    for entry in ("new.out", "dir", "file", "fifo", "-"):
-        path = folder / entry
+    for path in folder.iterdir():
+        if path.name in INPUT_NAMES or path.name.startswith("case."):
+            continue
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
+        else:
             path.unlink()
     (folder / "dir").mkdir()
     (folder / "file").write_text("kept")
