@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 
 import pytest
@@ -253,3 +254,11 @@ def test_taccl_profiles_refuse_type_confusion(here, change, message):
     (here / "p.json").write_text(json.dumps(profile))
     code, line, _ = _run(["topo", "show", "p.json"])
     assert (code, line) == (1, f"Error: p.json: {message}")
+
+
+def test_pareto_refuses_a_fifo_inside_its_bundle_directory(here):
+    (here / "out" / "msccl").mkdir(parents=True)
+    os.mkfifo(here / "out" / "msccl" / "01-x.xml")
+    code, line, seconds = _run(["pareto", "allgather", "-t", "ring-4", "-o", "out", "--sizes", "none"])
+    assert (code, line) == (1, "Error: -o: out/msccl/01-x.xml: is not a regular file; move it out of the directory")
+    assert stat.S_ISFIFO(os.lstat(here / "out" / "msccl" / "01-x.xml").st_mode)

@@ -180,8 +180,11 @@ def check_output_dir(option: str, path: str, files: tuple[str, ...], subdirs: tu
                 raise InputError(option, str(entry), "is not writable")
         for name in subdirs:
             entry = target / name
-            if entry.exists() and not entry.is_dir():
+            if (entry.exists() or entry.is_symlink()) and not entry.is_dir():
                 raise InputError(option, str(entry), "exists and is not a directory")
+            for inner in entry.iterdir() if entry.is_dir() else ():
+                if not inner.is_file():          # the command replaces files in here: never a FIFO or device
+                    raise InputError(option, str(inner), "is not a regular file; move it out of the directory")
         return
     ancestor = target.absolute().parent
     while not ancestor.exists():

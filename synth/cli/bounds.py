@@ -10,6 +10,7 @@ from synth.errors import InputError
 from synth.units import format_size, parse_size
 from synth.fileio import OutputPlan
 from synth.cli._common import MAX_CHUNKS, check_root, echo_err, nodes_option
+from synth.model.topology import MAX_RANKS
 
 _SIZE_HELP = "nccl-tests' size (e.g. 1GB = 2**30 bytes, or a byte count such as 1000000000)."
 
@@ -20,7 +21,7 @@ def _topology_options(func):
                      help="Built-in topology name or JSON file."),
         nodes_option("Compose this many copies joined through their NICs."),
         click.option("--size", "size_text", required=True, help=_SIZE_HELP),
-        click.option("--root", type=click.IntRange(min=0), default=None,
+        click.option("--root", type=click.IntRange(0, MAX_RANKS - 1), default=None,
                      help="Root rank of broadcast, reduce, gather, scatter (default 0)."),
         click.option("--json", "as_json", is_flag=True, help="Print a JSON object on stdout."),
     ]

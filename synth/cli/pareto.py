@@ -131,7 +131,7 @@ def _size_table(plan, algorithms) -> None:
 @click.option("--nodes", type=click.IntRange(1, MAX_RANKS), default=1, show_default=True,
               help="Compose this many copies of a single-node topology through their NICs.")
 @click.option("--sketch", default=None, help="Sketch (name or JSON file) for the alpha-beta formulation.")
-@click.option("--root", type=click.IntRange(min=0), default=None, help="Root rank for rooted collectives (default 0).")
+@click.option("--root", type=click.IntRange(0, MAX_RANKS - 1), default=None, help="Root rank for rooted collectives (default 0).")
 @click.option("--max-steps", type=click.IntRange(1, MAX_STEPS), default=None,
               help="Largest step count searched (default: the hop lower bound + 4).")
 @click.option("--max-chunks", type=click.IntRange(1, MAX_CHUNKS), default=8, show_default=True,

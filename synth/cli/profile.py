@@ -7,6 +7,7 @@ import json
 import click
 
 from synth.cli._common import SynthGroup, echo_err
+from synth.model.topology import MAX_RANKS
 
 MAX_PROFILE_SIZES = 64         # message sizes per pair; each costs --iters round trips
 
@@ -21,7 +22,7 @@ def profile():
 @click.option("--test", type=click.Choice(["auto", "sendrecv", "all_reduce", "all_gather", "reduce_scatter",
                                            "alltoall"]), default="auto", show_default=True,
               help="Which nccl-tests binary wrote the files (auto: from the output, the file name or the table).")
-@click.option("--ranks", type=click.IntRange(min=2), default=None,
+@click.option("--ranks", type=click.IntRange(2, MAX_RANKS), default=None,
               help="Ranks of the run, checked against the table (default: the '#  Rank' lines or the table).")
 @click.option("--min-bytes", type=str, default=None, help="Ignore rows below this size (e.g. 64KB).")
 @click.option("--max-bytes", type=str, default=None, help="Ignore rows above this size (e.g. 1GB).")

@@ -15,12 +15,12 @@ from synth.cli._common import MAX_TIME_LIMIT_S, FiniteFloat
               help="Processes to start (default: the file's ngpus; must equal it).")
 @click.option("--backend", type=click.Choice(["gloo"]), default="gloo", show_default=True,
               help="torch.distributed backend (gloo runs on CPU).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True, help="Seed of the random inputs.")
 @click.option("--chunk-elements", type=click.IntRange(min=1, max=4096), default=16, show_default=True,
               help="float64 values per chunk.")
 @click.option("--timeout", "timeout_s", type=FiniteFloat(1.0, MAX_TIME_LIMIT_S), default=60.0, show_default=True,
               help="Seconds a receive or dependency may wait before the run is declared stuck.")
-@click.option("--root", type=click.IntRange(min=0), default=0, show_default=True,
+@click.option("--root", type=click.IntRange(0, 63), default=0, show_default=True,
               help="Root rank of broadcast/reduce/gather/scatter programs.")
 @click.option("--json", "as_json", is_flag=True, help="Print the reports as JSON on stdout.")
 def run(file, nprocs, backend, seed, chunk_elements, timeout_s, root, as_json):
