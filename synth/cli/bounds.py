@@ -74,18 +74,18 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
     Baselines: ring, bidir-ring, multi-ring, double-binary-tree, recursive-doubling,
     recursive-halving-doubling, hierarchical, all-pairs.
     """
-    from synth.synthesis.baselines import BASELINES, best_baseline, build_baseline
+    outputs = OutputPlan()
+    outputs.declare("-o", xml_out)
+    outputs.declare("--schedule-out", schedule_out)
+    check_root(collective, root)
+    size = parse_size(size_text)
+    from synth.synthesis.baselines import BASELINES, best_baseline, build_baseline   # after the cheap checks
     from synth.bounds.physical import lower_bound
     from synth.schedule.replay import verify
     from synth.model.topology import load_topology
 
     if name != "best" and name not in BASELINES:
         raise InputError("NAME", "", f"unknown baseline {name!r}; choose best or one of {', '.join(BASELINES)}")
-    outputs = OutputPlan()
-    outputs.declare("-o", xml_out)
-    outputs.declare("--schedule-out", schedule_out)
-    check_root(collective, root)
-    size = parse_size(size_text)
     topo = load_topology(topology_name, nodes)
     emitted = None
     if name == "best" and xml_out:
