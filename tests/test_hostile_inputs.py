@@ -72,6 +72,14 @@ SCHEDULE_CASES = [
     (lambda d: d["collective"].update(name=5), "collective.name: unknown collective 5; use one of allgather, "
      "reducescatter, allreduce, alltoall, broadcast, reduce, gather, scatter"),
     (lambda d: d["transfers"][0].update(end_us=0.0, start_us=1.0), "transfers[0].end_us: 0.0 is before start_us 1.0"),
+    (lambda d: d["collective"].update(name="alltoall", num_ranks=1024),
+     "collective: alltoall on 1024 ranks with 1 chunk(s) per rank has 1048576 chunks and 2097152 table entries, "
+     "more than the 65536 and 2097152 a schedule file may describe"),
+    (lambda d: d["collective"].update(num_ranks=8),
+     "collective.num_ranks: the schedule is for 8 ranks but topology ring-4 has 4; give the topology it was made "
+     "for"),
+    (lambda d: d["transfers"][0].update(dst=2),
+     "transfers[0]: sends 0->2, but topology ring-4 has no such link; give the topology it was made for"),
 ]
 
 

@@ -29,7 +29,7 @@ def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output
     with the channel count and per-channel speed NCCL's own search would use. Schedules that are not rings are
     refused with the reason."""
     from backends.nccl.graph_export import graph_view, render_nccl_graph
-    from synth.schedule.ir import load_schedule
+    from synth.schedule.ir import check_schedule_fits, load_schedule
     from synth.model.topology import load_topology
     from synth.fileio import OutputPlan
 
@@ -37,6 +37,7 @@ def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output
     outputs.declare("-o", output)
     schedule = load_schedule(schedule_file)
     topology = load_topology(topology_name, nodes)
+    check_schedule_fits(schedule, topology, schedule_file)
     view = graph_view(schedule, topology, None if typeintra == "auto" else typeintra,
                       None if typeinter == "auto" else typeinter)
     text = render_nccl_graph(view)

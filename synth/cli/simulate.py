@@ -61,9 +61,10 @@ def _load_programs(file: str, topology, size_bytes: int) -> list:
     if not os.path.isfile(path):      # os.path: False, not OSError, for an overlong name
         raise InputError(file, "", "no such file")
     if path.suffix.lower() == ".json":
-        from synth.schedule.ir import load_schedule
+        from synth.schedule.ir import check_schedule_fits, load_schedule
 
         schedule = load_schedule(path)
+        check_schedule_fits(schedule, topology, file)
         from backends.msccl.lowering import lower_to_msccl   # after the file is checked: a refusal is fast
         return [lower_to_msccl(schedule, topology, size_bytes=size_bytes, target="executor")]
     from backends.msccl.parse import load_msccl_xml

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from synth.model.collectives import COLLECTIVES, ROOTED, Collective, make_collective
-from synth.model.topology import MAX_RANKS
+from synth.model.topology import MAX_RANKS, Topology
 from synth.errors import InputError, shown
 from synth.fileio import read_json
 
@@ -78,9 +78,11 @@ def _order_key(t: Transfer):
     return (t.step, t.start_us if t.start_us is not None else 0.0, t.chunk, t.src, t.dst)
 
 
-# The largest collective a schedule file may describe: its tables (chunks x the ranks each chunk names) are
-# built before any check, so the bound is on their size. 2**21 admits allgather on 1024 ranks and alltoall on
-# 1024 ranks with one chunk each (about a second to build), and refuses 10**9 ranks or chunks at once.
+# The largest collective a schedule file may describe: its tables are built before any other check, at about
+# 10 us per chunk and 0.4 us per (chunk, rank) entry, so both are bounded: allgather on 1024 ranks (1024 chunks,
+# 1M entries) and alltoall on 256 ranks (65536 chunks) build in well under a second; 10**9 ranks or chunks, or
+# alltoall on 1024 ranks (10 s), are refused at once.
+MAX_COLLECTIVE_CHUNKS = 1 << 16
 MAX_COLLECTIVE_CELLS = 1 << 21
 MAX_SCHEDULE_CHUNKS_PER_RANK = 1 << 16
 MAX_SCHEDULE_STEPS = 1 << 24          # more steps than a 16 MB file can hold transfers
@@ -88,16 +90,17 @@ _PER_RANK_CHUNKS = ("allgather", "reducescatter", "allreduce", "gather", "scatte
 _WIDE = ("allgather", "reducescatter", "broadcast", "reduce")   # each chunk names every rank once
 
 
-def collective_cells(name: str, num_ranks: int, chunks_per_rank: int) -> int:
-    """How many (chunk, rank) entries the collective's tables hold, computed without building them.
+def collective_size(name: str, num_ranks: int, chunks_per_rank: int) -> tuple[int, int]:
+    """``(chunks, entries)``: how many chunks the collective has and how many (chunk, rank) entries its tables
+    hold, computed without building them.
 
-    >>> collective_cells("allgather", 4, 1), collective_cells("alltoall", 4, 1)
-    (20, 32)
+    >>> collective_size("allgather", 4, 1), collective_size("alltoall", 4, 1)
+    ((4, 20), (16, 32))
     """
     n, c = num_ranks, chunks_per_rank
     chunks = n * n * c if name == "alltoall" else n * c if name in _PER_RANK_CHUNKS else c
     width = 2 * n if name == "allreduce" else n if name in _WIDE else 1
-    return chunks * (width + 1)
+    return chunks, chunks * (width + 1)
 
 
 def _count(value, source: str, where: str, low: int, high: int) -> int:
@@ -130,10 +133,11 @@ def _collective(raw, source: str) -> Collective:
     name = name.strip().lower()
     n = _count(raw.get("num_ranks"), source, "collective.num_ranks", 2, MAX_RANKS)
     c = _count(raw.get("chunks_per_rank", 1), source, "collective.chunks_per_rank", 1, MAX_SCHEDULE_CHUNKS_PER_RANK)
-    cells = collective_cells(name, n, c)
-    if cells > MAX_COLLECTIVE_CELLS:
-        raise InputError(source, "collective", f"{name} on {n} ranks with {c} chunk(s) per rank is {cells} table "
-                         f"entries, more than the {MAX_COLLECTIVE_CELLS} a schedule file may describe")
+    chunks, cells = collective_size(name, n, c)
+    if chunks > MAX_COLLECTIVE_CHUNKS or cells > MAX_COLLECTIVE_CELLS:
+        raise InputError(source, "collective", f"{name} on {n} ranks with {c} chunk(s) per rank has {chunks} "
+                         f"chunks and {cells} table entries, more than the {MAX_COLLECTIVE_CHUNKS} and "
+                         f"{MAX_COLLECTIVE_CELLS} a schedule file may describe")
     root = raw.get("root")
     if name in ROOTED:
         root = _count(0 if root is None else root, source, "collective.root", 0, n - 1)
@@ -220,6 +224,17 @@ def schedule_from_dict(raw: dict, source: str = "<memory>") -> Schedule:
         raise InputError(source, "notes", "must be an object")
     transfers = _transfers(raw["transfers"], collective, source)
     return Schedule(collective, topology, transfers, steps, rounds, rps or None, method, inplace, notes)
+
+
+def check_schedule_fits(schedule: Schedule, topology: Topology, source: str) -> None:
+    """Refuse, before lowering or simulating, a schedule for another rank count or over a missing link."""
+    if schedule.num_ranks != topology.num_ranks:
+        raise InputError(source, "collective.num_ranks", f"the schedule is for {schedule.num_ranks} ranks but "
+                         f"topology {topology.name} has {topology.num_ranks}; give the topology it was made for")
+    for k, t in enumerate(schedule.transfers):
+        if (t.src, t.dst) not in topology.link_index:
+            raise InputError(source, f"transfers[{k}]", f"sends {t.src}->{t.dst}, but topology {topology.name} "
+                             "has no such link; give the topology it was made for")
 
 
 def load_schedule(path: str | Path) -> Schedule:
