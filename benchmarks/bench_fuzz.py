@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from _common import print_table, write_json  # noqa: E402
-from support.fuzzing import (INPUT_NAMES, SURFACES, argv_for, mutate, option_case, path_case, reset_scratch,  # noqa: E402
-                             run_case, scratch_files)
+from support.fuzzing import (INPUT_NAMES, SURFACES, argv_for, mutate, option_case, path_case,  # noqa: E402
+                             reset_scratch, run_case, scratch_files)
 
 KINDS = ("ok", "error", "traceback", "hang", "left")
 

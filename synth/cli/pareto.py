@@ -131,7 +131,8 @@ def _size_table(plan, algorithms) -> None:
 @click.option("--nodes", type=click.IntRange(1, MAX_RANKS), default=1, show_default=True,
               help="Compose this many copies of a single-node topology through their NICs.")
 @click.option("--sketch", default=None, help="Sketch (name or JSON file) for the alpha-beta formulation.")
-@click.option("--root", type=click.IntRange(0, MAX_RANKS - 1), default=None, help="Root rank for rooted collectives (default 0).")
+@click.option("--root", type=click.IntRange(0, MAX_RANKS - 1), default=None,
+              help="Root rank for rooted collectives (default 0).")
 @click.option("--max-steps", type=click.IntRange(1, MAX_STEPS), default=None,
               help="Largest step count searched (default: the hop lower bound + 4).")
 @click.option("--max-chunks", type=click.IntRange(1, MAX_CHUNKS), default=8, show_default=True,
@@ -146,7 +147,8 @@ def _size_table(plan, algorithms) -> None:
               help="Include NCCL-style baselines (synth.synthesis.baselines) as candidates.")
 @click.option("--alpha-beta/--no-alpha-beta", default=True, show_default=True,
               help="Include an alpha-beta schedule synthesized at each size (synth.synthesis.alphabeta) as candidates.")
-@click.option("--method", type=click.Choice([Method.AUTO.value, Method.ROUTED.value, Method.TIMEXP.value]), default="auto", show_default=True,
+@click.option("--method", type=click.Choice([Method.AUTO.value, Method.ROUTED.value, Method.TIMEXP.value]),
+              default="auto", show_default=True,
               help="Alpha-beta formulation.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Directory for frontier.json, frontier.png/.svg, README.txt and the msccl/ bundle.")

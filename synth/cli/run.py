@@ -15,7 +15,8 @@ from synth.cli._common import MAX_TIME_LIMIT_S, FiniteFloat
               help="Processes to start (default: the file's ngpus; must equal it).")
 @click.option("--backend", type=click.Choice(["gloo"]), default="gloo", show_default=True,
               help="torch.distributed backend (gloo runs on CPU).")
-@click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True, help="Seed of the random inputs.")
+@click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
+              help="Seed of the random inputs.")
 @click.option("--chunk-elements", type=click.IntRange(min=1, max=4096), default=16, show_default=True,
               help="float64 values per chunk.")
 @click.option("--timeout", "timeout_s", type=FiniteFloat(1.0, MAX_TIME_LIMIT_S), default=60.0, show_default=True,

@@ -24,8 +24,8 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[2]
 
 # JSON values an attacker or a careless user puts where a number, a string or a list belongs
-HOSTILE_VALUES = [None, True, False, 0, -1, 1.5, 1024, 4096, 65536, 10 ** 9, 10 ** 20, -10 ** 9, 1e-300, 1e300, "1e999", "NaN",
-                  "", "fast", "¹", "٣", "0x10", [], [[]], {}, {"a": 1}, [1, 2, 3], "a" * 300, -0.0]
+HOSTILE_VALUES = [None, True, False, 0, -1, 1.5, 1024, 4096, 65536, 10 ** 9, 10 ** 20, -10 ** 9, 1e-300, 1e300,
+                  "1e999", "NaN", "", "fast", "¹", "٣", "0x10", [], [[]], {}, {"a": 1}, [1, 2, 3], "a" * 300, -0.0]
 HOSTILE_TEXT = [b"NaN", b"Infinity", b"-Infinity", b"1e999", b"-1", b"1000000000", b"\xff\xfe", b"\x00",
                 b"[[[[[[[[", b"}}}}", b'"\\ud800"', b"true", b"null", b"\xc2\xb9", b"0.4", b"-0"]
 
@@ -90,9 +90,11 @@ def _msccl_seeds() -> list[bytes]:
 
 
 def _nccl_tests_seeds() -> list[bytes]:
-    rows = ["#", "#                                                              out-of-place                       in-place",
-            "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong",
-            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)"]
+    columns = ("size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
+               "busbw", "#wrong")
+    rows = ["#", "#" + " " * 62 + "out-of-place" + " " * 23 + "in-place", "# " + " ".join(f"{c:>8}" for c in columns),
+            "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)"
+            "  (GB/s)"]
     size = 1024
     for _ in range(12):
         t = 5.0 + size / 20e3
