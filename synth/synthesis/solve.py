@@ -30,7 +30,8 @@ from synth.formulations.steps import encode_steps
 from synth.solver.highs import write_model
 from synth.synthesis.comparison import LimitComparison, compare_with_limits
 from synth.synthesis.request import SynthesisRequest
-from synth.synthesis.select import Candidate, baseline_candidate, verified_candidates
+from synth.synthesis.select import Candidate, verified_candidates
+from synth.synthesis.steps import SynthesisResult
 
 Progress = Callable[[str], None]
 
@@ -109,16 +110,15 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     >>> s.report()["predicted_time_us"] >= s.report()["plan_time_us"] * 0.999
     True
     """
-    candidates = list(verified_candidates(request, progress))
-    baseline = _runnable_baseline(request, candidates)
-    if baseline is not None and all(c.result.schedule != baseline.result.schedule for c in candidates):
-        candidates.append(baseline)         # the runtime's own choice always competes (sketches too)
+    candidates = [c for c in verified_candidates(request, progress) if c.result.status != Status.BASELINE]
+    baselines = _runnable_baselines(request)
+    candidates += baselines                 # the runtime's own choices always compete (sketches too)
     candidates.sort(key=lambda c: c.report.time_us)
     written: list[WrittenCandidate] = []
     refusals: list[str] = []
     for candidate in candidates:
         best = min((w.simulated_us for w in written), default=math.inf)
-        if candidate.report.time_us >= best and candidate is not baseline:
+        if candidate.report.time_us >= best and candidate not in baselines:
             continue                        # its optimistic replay is already slower than a simulated file
         try:
             emitted = emit_verified_xml(candidate.result.schedule, request.topology, xml.target,
@@ -134,20 +134,27 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     if not written:
         raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
     chosen = min(written, key=lambda w: w.simulated_us)
-    base = next((w for w in written if w.candidate is baseline), None)
+    base = min((w for w in written if w.candidate in baselines), key=lambda w: w.simulated_us, default=None)
     comparison = compare_with_limits(request, chosen.simulated_us, None if base is None else
                                      (base.candidate.label.removeprefix("baseline/"), base.simulated_us))
     return Solution(request, tuple(candidates), chosen, base, comparison, tuple(refusals))
 
 
-def _runnable_baseline(request: SynthesisRequest, candidates: list[Candidate]) -> Candidate | None:
-    """The best baseline the runtime selects at power-of-two sizes (already a candidate, or built here)."""
-    for c in candidates:
-        if c.result.status == Status.BASELINE:
-            return c
+# How many of the fastest runnable baselines (by replay) are written and simulated: the replay can misorder them.
+BASELINES_SIMULATED = 3
+
+
+def _runnable_baselines(request: SynthesisRequest) -> list[Candidate]:
+    """The fastest baselines the runtime selects at power-of-two sizes (by replay), as candidates."""
     if not request.include_baselines:
-        return None
-    return baseline_candidate(request)
+        return []
+    runs = sorted((r for r in request.baselines.runs if r.runnable), key=lambda r: r.report.time_us)
+    out = []
+    for run in runs[:BASELINES_SIMULATED]:
+        s = run.schedule
+        result = SynthesisResult(s, Status.BASELINE, 0.0, None, 1, s.steps, s.rounds, s.collective.chunks_per_rank)
+        out.append(Candidate(f"baseline/{run.name}/c{run.chunks_per_way}", result, run.report))
+    return out
 
 
 def step_model_text(solution: Solution, suffix: str) -> str:
