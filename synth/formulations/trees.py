@@ -36,7 +36,7 @@ connectivity in what is left at least ``C - 1``, then take as many copies of it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -200,23 +200,18 @@ def encode_packing(topology: Topology, commodities, images, chunks: int, integer
                  np.concatenate(lo), np.concatenate(hi))
 
 
-def start_solution(topology: Topology, commodities, chunks: int) -> np.ndarray:
+def start_solution(topology: Topology, commodities, chunks: int, trees=None) -> np.ndarray:
     """A feasible point of :func:`encode_packing`'s columns (same order): every chunk of a commodity on one
-    fewest-hop tree (direct links first), so the MILP always has an incumbent."""
+    tree, ``trees[k]`` (link indices) when given, else a fewest-hop tree (direct links first), so the MILP
+    always has an incumbent."""
     n, num_links = topology.num_ranks, len(topology.links)
     x_part, f_part = [], []
-    for c in commodities:
-        parent = {c.root: None}
-        frontier = [c.root]
-        while frontier:
-            nxt = []
-            for u in frontier:
-                for v in range(n):
-                    li = topology.link_index.get((u, v))
-                    if li is not None and v not in parent:
-                        parent[v] = li
-                        nxt.append(v)
-            frontier = nxt
+    for k, c in enumerate(commodities):
+        if trees is not None and trees[k] is not None:
+            parent = {c.root: None}
+            parent.update({topology.links[li].dst: li for li in trees[k]})
+        else:
+            parent = _fewest_hops(topology, c.root)
         x = np.zeros(num_links)
         paths = {}
         for t in c.sinks:
@@ -232,11 +227,33 @@ def start_solution(topology: Topology, commodities, chunks: int) -> np.ndarray:
     return np.concatenate(x_part + f_part + [np.zeros(1)])
 
 
+def _fewest_hops(topology: Topology, root: int) -> dict:
+    """Breadth-first tree from ``root``: rank -> the link that reaches it (None at the root)."""
+    n = topology.num_ranks
+    parent = {root: None}
+    frontier = [root]
+    while frontier:
+        nxt = []
+        for u in frontier:
+            for v in range(n):
+                li = topology.link_index.get((u, v))
+                if li is not None and v not in parent:
+                    parent[v] = li
+                    nxt.append(v)
+        frontier = nxt
+    return parent
+
+
 def solve_packing(topology: Topology, commodities, chunks: int, integer: bool = True, group=(),
-                  options: SolverOptions = SolverOptions(), floor_units: float | None = None) -> Packing:
+                  options: SolverOptions = SolverOptions(), floor_units: float | None = None,
+                  fewest_links: bool = False, start_trees=None) -> Packing:
     """Solve the packing LP (``integer=False``) or MILP (warm-started from fewest-hop trees) for ``chunks``
     chunks per commodity. ``floor_units`` (the LP optimum times ``chunks``) lets the MILP be skipped when the
     start is already within ``options.mip_gap`` of it; the gap is then measured against it.
+    ``fewest_links`` then solves a second MILP: the same load, on as few links as possible (a Broadcast over a
+    switch becomes a chain, which every port serves once per chunk, instead of relay stars whose ports the
+    scheduler cannot keep busy together). ``start_trees[k]``: a tree (link indices) for representative k to
+    start from instead of the fewest-hop tree, when it loads the busiest resource less.
 
     Raises
     ------
@@ -251,6 +268,10 @@ def solve_packing(topology: Topology, commodities, chunks: int, integer: bool = 
     if integer:
         initial = start_solution(topology, reps, chunks)
         initial[-1] = _start_units(model, initial)
+        if start_trees is not None and len(start_trees) == len(reps):
+            given = start_solution(topology, reps, chunks, start_trees)
+            given[-1] = _start_units(model, given)
+            initial = min(initial, given, key=lambda point: point[-1])
         if floor_units is not None and initial[-1] <= floor_units * (1 + options.mip_gap) + 1e-12:
             counts = np.rint(initial[:len(reps) * len(topology.links)]).astype(np.int64)
             return Packing(reps, images, chunks, float(initial[-1]), counts.reshape(len(reps), -1), OPTIMAL,
@@ -261,6 +282,12 @@ def solve_packing(topology: Topology, commodities, chunks: int, integer: bool = 
     if result.status not in (OPTIMAL, FEASIBLE):
         raise NoSolutionError(f"no tree packing found within {options.time_limit_s:g} s; raise --time-limit")
     num_links = len(topology.links)
+    if fewest_links and integer:
+        fewest, start = _fewest_links(model, result.x, len(reps) * num_links, chunks)
+        second = solve_model(fewest, options, start)
+        if second.status in (OPTIMAL, FEASIBLE):
+            result = replace(second, x=second.x[:model.num_cols], gap=result.gap, status=result.status,
+                             seconds=result.seconds + second.seconds)
     counts = result.x[:len(reps) * num_links].reshape(len(reps), num_links)
     if integer:
         counts = np.rint(counts).astype(np.int64)
@@ -269,6 +296,23 @@ def solve_packing(topology: Topology, commodities, chunks: int, integer: bool = 
     if floor_units is not None and integer:
         gap = min(gap if gap is not None else np.inf, units / floor_units - 1)
     return Packing(reps, images, chunks, units, counts, result.status, gap, result.seconds)
+
+
+def _fewest_links(model: Model, x: np.ndarray, num_x: int, chunks: int) -> tuple[Model, np.ndarray]:
+    """The packing model with ``T`` fixed at its value in ``x`` and a binary per link column that must be 1 for
+    the link to carry chunks; minimise their sum. Returns the model and ``x`` extended as its start."""
+    t_col = model.num_cols - 1
+    y_cols = model.num_cols + np.arange(num_x)
+    rows = np.concatenate([model.rows, model.num_rows + np.arange(num_x), model.num_rows + np.arange(num_x)])
+    cols = np.concatenate([model.cols, np.arange(num_x), y_cols])
+    vals = np.concatenate([model.vals, np.ones(num_x), np.full(num_x, -float(chunks))])
+    upper = np.concatenate([model.col_upper, np.ones(num_x)])
+    upper[t_col] = x[t_col] * (1 + 1e-9)
+    cost = np.concatenate([np.zeros(model.num_cols), np.ones(num_x)])
+    start = np.concatenate([x, (np.rint(x[:num_x]) > 0).astype(float)])
+    return Model(cost, np.zeros(len(cost)), upper, np.concatenate([model.integer, np.ones(num_x, dtype=bool)]),
+                 rows, cols, vals, np.concatenate([model.row_lower, np.full(num_x, -np.inf)]),
+                 np.concatenate([model.row_upper, np.zeros(num_x)])), start
 
 
 def _start_units(model: Model, point: np.ndarray) -> float:

@@ -35,10 +35,11 @@ from synth.schedule.list_scheduler import list_schedule
 from synth.schedule.replay import verify
 from synth.solver.highs import FEASIBLE, OPTIMAL, SolverOptions
 from synth.synthesis.alphabeta import reverse_schedule
+from synth.synthesis.baselines import find_ring
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter")
-MAX_CHUNKS = 1024
-PIPELINE_SHARE = 0.02               # of the bandwidth bound, for the first chunk's trip (see pipeline_chunks)
+MAX_CHUNKS = 2048
+PIPELINE_SHARE = 0.01               # of the bandwidth bound, for the first chunk's trip (see pipeline_chunks)
 MIP_GAP = 0.002                     # the packing is within 0.2% of the best integer one
 MILP_SECONDS = 2.0                  # per packing MILP; the incumbent (never worse than the start) is used after
 STEPS_PER_TB = {"executor": 64, "legacy": 256}
@@ -162,10 +163,11 @@ def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float,
     name = normalize_name(collective_name)
     bound = lower_bound(name, topology, size_bytes, root=root)
     slowest = min(link.capacity_GBps for link in topology.links) * BYTES_PER_US_PER_GBPS
+    hops = topology.num_ranks - 1 if name in ("broadcast", "reduce") else bound.hops   # chains, see _phase
     c = 1
     while c < MAX_CHUNKS:
         chunk_bytes = make_collective(name, topology.num_ranks, c, root).chunk_bytes(size_bytes)
-        if bound.hops * chunk_bytes / slowest <= PIPELINE_SHARE * bound.bandwidth_us:
+        if hops * chunk_bytes / slowest <= PIPELINE_SHARE * bound.bandwidth_us:
             break
         c *= 2
     return c
@@ -224,7 +226,8 @@ def _phase(topology: Topology, name: str, size_bytes: float, root, chunks: int, 
     lp_options, milp_options = options
     fractional = solve_packing(topology, commodities, 1, integer=False, group=group, options=lp_options)
     packing = solve_packing(topology, commodities, chunks, integer=True, group=group, options=milp_options,
-                            floor_units=fractional.units * chunks)
+                            floor_units=fractional.units * chunks, fewest_links=name == "broadcast",
+                            start_trees=_ring_chain(topology, commodities) if name == "broadcast" else None)
     coll = make_collective(name, topology.num_ranks, chunks, root)
     routes: list[tuple[int, ...]] = [()] * len(coll.chunks)
     num_trees = 0
@@ -243,6 +246,18 @@ def _phase(topology: Topology, name: str, size_bytes: float, root, chunks: int, 
                 num_trees += 1
     schedule = list_schedule(topology, coll, routes, size_bytes, "trees")
     return _Phase(schedule, packing, fractional.units * chunks, num_trees)
+
+
+def _ring_chain(topology: Topology, commodities) -> tuple[tuple[int, ...], ...] | None:
+    """For a Broadcast, the chain from the root along the topology's ring (which attains the bound on a switch,
+    where every port then serves each chunk once), or None without a ring."""
+    ring = find_ring(topology)
+    if ring is None:
+        return None
+    root = commodities[0].root
+    at = ring.index(root)
+    order = ring[at:] + ring[:at]
+    return (tuple(topology.link_index[(a, b)] for a, b in zip(order, order[1:])),)
 
 
 def _chunk_ids(name: str, commodity: Commodity, chunks: int) -> list[int]:
