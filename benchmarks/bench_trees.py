@@ -4,6 +4,7 @@ executor lowering, the runtime's FIFO depth) as % of the limit, synthesis wall t
 
     python benchmarks/bench_trees.py                   # 7 collectives x 5 machines
     python benchmarks/bench_trees.py --only dgx1       # one machine
+    python benchmarks/bench_trees.py --only dgx1 --chunks 64   # fixed chunks per rank (fits the executor)
     python benchmarks/bench_trees.py --rate-all        # LP rate = bound, every collective on every built-in
 """
 
@@ -31,12 +32,12 @@ GB = 1e9
 MACHINES = ("dgx1", "dgx2", "dgx-a100", "dgx-h100", "ndv4")
 
 
-def run(machine: str, name: str) -> dict:
+def run(machine: str, name: str, chunks: int | None = None) -> dict:
     topo = load_topology(machine)
     row = {"topology": machine, "collective": name}
     t0 = time.perf_counter()
     try:
-        result = synthesize_trees(topo, name, GB)
+        result = synthesize_trees(topo, name, GB, chunks=chunks)
     except SynthError as exc:
         return dict(row, status=f"error: {exc}")
     synth_s = time.perf_counter() - t0
@@ -90,13 +91,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=MACHINES)
     parser.add_argument("--rate-all", action="store_true")
+    parser.add_argument("--chunks", type=int, help="chunks per rank instead of the size-based choice")
     args = parser.parse_args()
     if args.rate_all:
         rows = rate_all()
         print_table(rows, ["topology", "collective", "rate_vs_bound", "seconds"])
         print(write_json("trees-rate", rows))
         return
-    rows = [run(m, c) for m in ((args.only,) if args.only else MACHINES) for c in COLLECTIVES]
+    rows = [run(m, c, args.chunks) for m in ((args.only,) if args.only else MACHINES) for c in COLLECTIVES]
     print_table(rows, ["topology", "collective", "chunks", "trees", "rate_vs_bound", "int_vs_frac_pct", "replay_pct",
                        "max_msgs_per_connection", "fused_shape", "fused_limits", "fused_sim_pct",
                        "synth_s", "status"])
@@ -106,7 +108,8 @@ def main() -> None:
             label = k[:-6]
             print(f"{r['topology']} {r['collective']}: {label} {r[k]}, limits {r[label + '_limits']}, "
                   f"simulated {r.get(label + '_sim_pct')}% of the limit")
-    print(write_json(f"trees-{args.only}" if args.only else "trees", rows))
+    suffix = (f"-{args.only}" if args.only else "") + (f"-c{args.chunks}" if args.chunks else "")
+    print(write_json(f"trees{suffix}", rows))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Tree-packing synthesis (issue 11): throughput-optimal trees, integerized for the runtimes, scheduled, verified.
 
-1. **rate**: the packing LP of :mod:`synth.formulations.trees` (one chunk per commodity) gives the optimal
-   fractional rate; at the requested size it is the bandwidth bound of :mod:`synth.bounds.physical`.
+1. **rate**: the optimal fractional rate is the max-flow bandwidth bound of :mod:`synth.bounds.physical`, which
+   the packing LP of :mod:`synth.formulations.trees` attains (tests/test_trees.py checks every built-in).
 2. **integerize**: for ``C`` chunks per rank (a power of two, so ``nchunksperloop`` divides the power-of-two
    element counts the runtimes see) the packing MILP assigns chunks to trees minimising the busiest link or
    switch port; :func:`synth.formulations.trees.decompose` splits the integer capacities into trees.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 from synth.errors import InputError
 from synth.formulations.trees import Commodity, Packing, broadcast_commodities, decompose, solve_packing
-from synth.bounds.physical import lower_bound
+from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology, check_connected, free_symmetry_group, reverse_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
@@ -59,7 +59,7 @@ class TreesResult:
     status : str
         ``optimal`` when every packing MILP was proven within :data:`MIP_GAP`, else ``feasible``.
     gap : float or None
-        Largest relative gap of the integer packing(s) to the fractional optimum (the LP), e.g. 0.0045.
+        Largest relative gap of the integer packing(s) to the fractional optimum, e.g. 0.0045 (None: unknown).
     chunks_per_rank : int
         ``C``: chunks per rank (per root for Broadcast/Reduce) of the packing and the schedule.
     fractional_us : float
@@ -126,7 +126,7 @@ def synthesize_trees(topology: Topology, collective_name: str, size_bytes: float
     >>> from synth.model.topology import load_topology
     >>> r = synthesize_trees(load_topology("ring-4"), "allgather", 4_000_000)
     >>> r.chunks_per_rank, round(r.fractional_us, 3)
-    (64, 60.0)
+    (256, 60.0)
     """
     name = normalize_name(collective_name)
     if name not in COLLECTIVES:
@@ -142,14 +142,14 @@ def synthesize_trees(topology: Topology, collective_name: str, size_bytes: float
     milp_options = replace(options, time_limit_s=min(options.time_limit_s, MILP_SECONDS),
                            mip_gap=max(options.mip_gap, MIP_GAP))
     c = chunks or pipeline_chunks(topology, name, size_bytes, root)
-    best = None
-    while best is None:
-        best = _solve(topology, name, size_bytes, root, (options, milp_options), c, target)
-        if best is None and (chunks or c == 1):
+    result = None
+    while result is None:
+        result = _solve(topology, name, size_bytes, root, milp_options, c, target)
+        if result is None and (chunks or c == 1):
             raise InputError("--chunks", "", f"{c} chunks per rank put more messages on a connection than "
                              f"{MAX_CHANNELS} channels of {STEPS_PER_TB[target]} steps hold; use fewer")
         c //= 2
-    result, schedule = best
+    schedule = result.schedule
     notes = dict(schedule.notes)
     notes.update(method="trees", chunks_per_rank=result.chunks_per_rank, fractional_us=result.fractional_us,
                  integer_us=result.integer_us, trees=result.num_trees)
@@ -173,7 +173,7 @@ def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float,
     return c
 
 
-def _solve(topology, name, size_bytes, root, options, chunks, target):
+def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesResult | None:
     """The verified schedule with ``chunks`` per rank, or None when a connection would carry more messages than
     the target's threadblocks can hold over all channels."""
     phases = []
@@ -207,28 +207,29 @@ def _solve(topology, name, size_bytes, root, options, chunks, target):
         return None
     report = verify(schedule, topology, size_bytes)
     chunk_bytes = phases[0].schedule.collective.chunk_bytes(size_bytes)
-    frac = sum(p.fractional_units for p in phases) * chunk_bytes / 1e3
-    integer = sum(p.packing.units for p in phases) * chunk_bytes / 1e3
+    frac = sum(p.fractional_units for p in phases) * chunk_bytes / BYTES_PER_US_PER_GBPS
+    integer = sum(p.packing.units for p in phases) * chunk_bytes / BYTES_PER_US_PER_GBPS
     gaps = [p.packing.gap for p in phases]
     status = OPTIMAL if all(p.packing.status == OPTIMAL for p in phases) and all(
         g is not None and g <= MIP_GAP for g in gaps) else FEASIBLE
     gap = None if any(g is None for g in gaps) else max(gaps)
-    result = TreesResult(schedule, status, gap, chunks, frac, integer, report.time_us,
-                         sum(p.num_trees for p in phases), 0.0)
-    return result, schedule
+    return TreesResult(schedule, status, gap, chunks, frac, integer, report.time_us,
+                       sum(p.num_trees for p in phases), 0.0)
 
 
-def _phase(topology: Topology, name: str, size_bytes: float, root, chunks: int, options) -> _Phase:
-    """Pack, integerize, decompose and list-schedule one broadcast-type collective on ``topology``
-    (``options``: the LP's and the MILP's)."""
+def _phase(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions) -> _Phase:
+    """Pack, integerize, decompose and list-schedule one broadcast-type collective on ``topology``.
+
+    The fractional optimum is taken from the max-flow bound (equal to the packing LP, which the tests check on
+    every built-in topology, and much faster than the LP on a switch's all-pairs links)."""
     commodities = broadcast_commodities(name, topology.num_ranks, root)
     group = free_symmetry_group(topology) if name == "allgather" else ()
-    lp_options, milp_options = options
-    fractional = solve_packing(topology, commodities, 1, integer=False, group=group, options=lp_options)
-    packing = solve_packing(topology, commodities, chunks, integer=True, group=group, options=milp_options,
-                            floor_units=fractional.units * chunks, fewest_links=name == "broadcast",
-                            start_trees=_ring_chain(topology, commodities) if name == "broadcast" else None)
     coll = make_collective(name, topology.num_ranks, chunks, root)
+    bound_us = bandwidth_bound_us(name, topology, size_bytes, root)[0]
+    fractional_units = bound_us * BYTES_PER_US_PER_GBPS / coll.chunk_bytes(size_bytes)
+    packing = solve_packing(topology, commodities, chunks, integer=True, group=group, options=options,
+                            floor_units=fractional_units, fewest_links=name == "broadcast",
+                            start_trees=_ring_chain(topology, commodities) if name == "broadcast" else None)
     routes: list[tuple[int, ...]] = [()] * len(coll.chunks)
     num_trees = 0
     for k, rep in enumerate(packing.commodities):
@@ -245,7 +246,7 @@ def _phase(topology: Topology, name: str, size_bytes: float, root, chunks: int, 
                     j += 1
                 num_trees += 1
     schedule = list_schedule(topology, coll, routes, size_bytes, "trees")
-    return _Phase(schedule, packing, fractional.units * chunks, num_trees)
+    return _Phase(schedule, packing, fractional_units, num_trees)
 
 
 def _ring_chain(topology: Topology, commodities) -> tuple[tuple[int, ...], ...] | None:
