@@ -8,9 +8,13 @@ import pytest
 
 from synth.bounds.physical import bandwidth_bound_us
 from synth.errors import InputError
-from synth.formulations.trees import broadcast_commodities, decompose, solve_packing
-from synth.model.collectives import make_collective
-from synth.model.topology import builtin_names, free_symmetry_group, load_topology, reverse_topology
+from synth.formulations.trees import (
+    broadcast_commodities,
+    decompose,
+    packing_rate_us,
+    solve_packing,
+)
+from synth.model.topology import builtin_names, free_symmetry_group, load_topology
 from synth.schedule.replay import verify
 from synth.synthesis.trees import synthesize_trees
 
@@ -21,18 +25,6 @@ TOPOLOGIES = builtin_names() + ["ring-5", "fully-connected-4"]
 FAST_ONLY_ABOVE = 8
 
 
-def rate_us(topology, name: str) -> float:
-    """The packing LP's optimal time at 1 GB for any of the seven tree collectives."""
-    reverse = {"reducescatter": "allgather", "reduce": "broadcast", "gather": "scatter"}
-    if name == "allreduce":
-        return rate_us(topology, "reducescatter") + rate_us(topology, "allgather")
-    on = reverse_topology(topology) if name in reverse else topology
-    kind = reverse.get(name, name)
-    group = free_symmetry_group(on) if kind == "allgather" else ()
-    packing = solve_packing(on, broadcast_commodities(kind, on.num_ranks, None), 1, integer=False, group=group)
-    return packing.units * make_collective(kind, on.num_ranks, 1).chunk_bytes(GB) / 1e3
-
-
 @pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_fractional_rate_is_the_bandwidth_bound(topology):
     topo = load_topology(topology)
@@ -40,7 +32,7 @@ def test_fractional_rate_is_the_bandwidth_bound(topology):
     if topo.num_ranks <= FAST_ONLY_ABOVE:
         names += ["broadcast", "reduce", "allgather", "reducescatter", "allreduce"]
     for name in names:
-        assert rate_us(topo, name) == pytest.approx(bandwidth_bound_us(name, topo, GB)[0], rel=1e-6), name
+        assert packing_rate_us(topo, name, GB) == pytest.approx(bandwidth_bound_us(name, topo, GB)[0], rel=1e-6), name
 
 
 def test_dgx1_allgather_integer_packing_matches_design_arithmetic():

@@ -44,8 +44,20 @@ from scipy.sparse.csgraph import maximum_flow
 
 from synth.errors import InfeasibleError, NoSolutionError, SolverError
 from synth.formulations.routes import resource_keys
-from synth.model.topology import Topology
-from synth.solver.highs import FEASIBLE, INFEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
+from synth.model.collectives import make_collective, normalize_name
+from synth.model.topology import Topology, free_symmetry_group, reverse_topology
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.solver.highs import (
+    FEASIBLE,
+    INFEASIBLE,
+    OPTIMAL,
+    Model,
+    SolverOptions,
+    solve_model,
+)
+
+# The broadcast-type collective whose packing, reversed on the reversed topology, gives each reduction-type one.
+REVERSAL_OF = {"reducescatter": "allgather", "reduce": "broadcast", "gather": "scatter"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +111,29 @@ def broadcast_commodities(collective_name: str, num_ranks: int, root: int | None
     if collective_name == "scatter":
         return tuple(Commodity(root, (d,)) for d in ranks if d != root)
     raise ValueError(f"{collective_name} is not a broadcast-type collective")
+
+
+def packing_rate_us(topology: Topology, collective_name: str, size_bytes: float, root: int | None = None,
+                    options: SolverOptions = SolverOptions()) -> float:
+    """The optimal fractional tree-packing time (microseconds) of any of the seven tree collectives at
+    ``size_bytes`` (nccl-tests' size), from the packing LP: reductions on the reversed topology, Allreduce as
+    ReduceScatter + Allgather. It equals the max-flow bound of :mod:`synth.bounds.physical`.
+
+    >>> from synth.model.topology import load_topology
+    >>> round(packing_rate_us(load_topology("ring-4"), "allreduce", 4_000_000), 6)
+    120.0
+    """
+    name = normalize_name(collective_name)
+    if name == "allreduce":
+        return sum(packing_rate_us(topology, part, size_bytes, root, options)
+                   for part in ("reducescatter", "allgather"))
+    kind = REVERSAL_OF.get(name, name)
+    on = reverse_topology(topology) if name in REVERSAL_OF else topology
+    group = free_symmetry_group(on) if kind == "allgather" else ()
+    packing = solve_packing(on, broadcast_commodities(kind, on.num_ranks, root), 1, integer=False, group=group,
+                            options=options)
+    return packing.units * make_collective(kind, on.num_ranks, 1, root).chunk_bytes(size_bytes) \
+        / BYTES_PER_US_PER_GBPS
 
 
 def _image(perm, commodity: Commodity) -> Commodity:
@@ -204,7 +239,7 @@ def start_solution(topology: Topology, commodities, chunks: int, trees=None) -> 
     """A feasible point of :func:`encode_packing`'s columns (same order): every chunk of a commodity on one
     tree, ``trees[k]`` (link indices) when given, else a fewest-hop tree (direct links first), so the MILP
     always has an incumbent."""
-    n, num_links = topology.num_ranks, len(topology.links)
+    num_links = len(topology.links)
     x_part, f_part = [], []
     for k, c in enumerate(commodities):
         if trees is not None and trees[k] is not None:

@@ -24,11 +24,23 @@ import time
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from synth.errors import InputError
-from synth.formulations.trees import Commodity, Packing, broadcast_commodities, decompose, solve_packing
 from synth.bounds.physical import bandwidth_bound_us, lower_bound
+from synth.errors import InputError
+from synth.formulations.trees import (
+    REVERSAL_OF,
+    Commodity,
+    Packing,
+    broadcast_commodities,
+    decompose,
+    solve_packing,
+)
 from synth.model.collectives import make_collective, normalize_name
-from synth.model.topology import Topology, check_connected, free_symmetry_group, reverse_topology
+from synth.model.topology import (
+    Topology,
+    check_connected,
+    free_symmetry_group,
+    reverse_topology,
+)
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import COPY, Schedule
 from synth.schedule.list_scheduler import list_schedule
@@ -44,8 +56,6 @@ MIP_GAP = 0.002                     # the packing is within 0.2% of the best int
 MILP_SECONDS = 2.0                  # per packing MILP; the incumbent (never worse than the start) is used after
 STEPS_PER_TB = {"executor": 64, "legacy": 256}
 MAX_CHANNELS = 32
-_BROADCAST_TYPE = {"allgather": "allgather", "reducescatter": "allgather", "broadcast": "broadcast",
-                   "reduce": "broadcast", "scatter": "scatter", "gather": "scatter"}
 
 
 @dataclass(frozen=True)
@@ -179,16 +189,16 @@ def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesRe
     phases = []
     if name == "allreduce":
         parts = [("reducescatter", reverse_topology(topology)), ("allgather", topology)]
-    elif name in ("reducescatter", "reduce", "gather"):
+    elif name in REVERSAL_OF:
         parts = [(name, reverse_topology(topology))]
     else:
         parts = [(name, topology)]
     for part, on in parts:
-        phases.append(_phase(on, _BROADCAST_TYPE[part], size_bytes, root, chunks, options))
+        phases.append(_phase(on, REVERSAL_OF.get(part, part), size_bytes, root, chunks, options))
     schedules = []
     for (part, _), phase in zip(parts, phases):
         sched = phase.schedule
-        if part != _BROADCAST_TYPE[part]:
+        if part != REVERSAL_OF.get(part, part):
             coll = make_collective(part, topology.num_ranks, chunks, root)
             sched = reverse_schedule(sched, coll, topology.name)
             if not coll.combining:
