@@ -8,13 +8,9 @@ import pytest
 
 from synth.bounds.physical import bandwidth_bound_us
 from synth.errors import InputError
-from synth.formulations.trees import (
-    broadcast_commodities,
-    decompose,
-    packing_rate_us,
-    solve_packing,
-)
-from synth.model.topology import builtin_names, free_symmetry_group, load_topology
+from synth.formulations.trees import broadcast_commodities, decompose, packing_rate_us, solve_packing
+from synth.model.symmetry import free_symmetry_group
+from synth.model.topology import builtin_names, load_topology
 from synth.schedule.replay import verify
 from synth.synthesis.trees import synthesize_trees
 

@@ -37,6 +37,7 @@ connectivity in what is left at least ``C - 1``, then take as many copies of it 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 import numpy as np
 from scipy.sparse import csr_matrix
@@ -45,19 +46,15 @@ from scipy.sparse.csgraph import maximum_flow
 from synth.errors import InfeasibleError, NoSolutionError, SolverError
 from synth.formulations.routes import resource_keys
 from synth.model.collectives import make_collective, normalize_name
-from synth.model.topology import Topology, free_symmetry_group, reverse_topology
+from synth.model.symmetry import free_symmetry_group
+from synth.model.topology import Topology, reverse_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
-from synth.solver.highs import (
-    FEASIBLE,
-    INFEASIBLE,
-    OPTIMAL,
-    Model,
-    SolverOptions,
-    solve_model,
-)
+from synth.schedule.transforms import REVERSAL_DUAL
+from synth.solver.highs import FEASIBLE, INFEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
 
-# The broadcast-type collective whose packing, reversed on the reversed topology, gives each reduction-type one.
-REVERSAL_OF = {"reducescatter": "allgather", "reduce": "broadcast", "gather": "scatter"}
+# The broadcast-type collective whose packing, reversed on the reversed topology, gives each in-tree collective
+# (the combining ones as in synth.schedule.transforms.REVERSAL_DUAL, and Gather from Scatter).
+REVERSAL_OF = MappingProxyType(dict(REVERSAL_DUAL, gather="scatter"))
 
 
 @dataclass(frozen=True)

@@ -26,27 +26,16 @@ from dataclasses import dataclass, replace
 
 from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.errors import InputError
-from synth.formulations.trees import (
-    REVERSAL_OF,
-    Commodity,
-    Packing,
-    broadcast_commodities,
-    decompose,
-    solve_packing,
-)
+from synth.formulations.trees import REVERSAL_OF, Commodity, Packing, broadcast_commodities, decompose, solve_packing
 from synth.model.collectives import make_collective, normalize_name
-from synth.model.topology import (
-    Topology,
-    check_connected,
-    free_symmetry_group,
-    reverse_topology,
-)
+from synth.model.symmetry import free_symmetry_group
+from synth.model.topology import Topology, check_connected, reverse_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import COPY, Schedule
 from synth.schedule.list_scheduler import list_schedule
 from synth.schedule.replay import verify
+from synth.schedule.transforms import CollectiveProblem, reduction_for, reverse_schedule
 from synth.solver.highs import FEASIBLE, OPTIMAL, SolverOptions
-from synth.synthesis.alphabeta import reverse_schedule
 from synth.synthesis.baselines import find_ring
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter")
@@ -186,32 +175,7 @@ def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float,
 def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesResult | None:
     """The verified schedule with ``chunks`` per rank, or None when a connection would carry more messages than
     the target's threadblocks can hold over all channels."""
-    phases = []
-    if name == "allreduce":
-        parts = [("reducescatter", reverse_topology(topology)), ("allgather", topology)]
-    elif name in REVERSAL_OF:
-        parts = [(name, reverse_topology(topology))]
-    else:
-        parts = [(name, topology)]
-    for part, on in parts:
-        phases.append(_phase(on, REVERSAL_OF.get(part, part), size_bytes, root, chunks, options))
-    schedules = []
-    for (part, _), phase in zip(parts, phases):
-        sched = phase.schedule
-        if part != REVERSAL_OF.get(part, part):
-            coll = make_collective(part, topology.num_ranks, chunks, root)
-            sched = reverse_schedule(sched, coll, topology.name)
-            if not coll.combining:
-                sched = replace(sched, transfers=tuple(replace(t, op=COPY) for t in sched.transfers))
-        schedules.append(sched)
-    if name == "allreduce":
-        rs, ag = schedules
-        coll = make_collective("allreduce", topology.num_ranks, chunks)
-        transfers = rs.transfers + tuple(replace(t, step=t.step + rs.steps, start_us=None, end_us=None)
-                                         for t in ag.transfers)
-        schedule = Schedule(coll, topology.name, transfers, rs.steps + ag.steps, method="trees")
-    else:
-        schedule = replace(schedules[0], method="trees")
+    schedule, phases = _schedule(CollectiveProblem(topology, name, root, chunks), size_bytes, options)
     per_connection = Counter((t.src, t.dst) for t in schedule.transfers)
     if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
         return None
@@ -225,6 +189,25 @@ def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesRe
     gap = None if any(g is None for g in gaps) else max(gaps)
     return TreesResult(schedule, status, gap, chunks, frac, integer, report.time_us,
                        sum(p.num_trees for p in phases), 0.0)
+
+
+def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions) -> tuple[Schedule, list[_Phase]]:
+    """The problem's schedule and the packings it is made of: reductions (:func:`reduction_for`) from their
+    parts; Gather as the reversal of Scatter on the reversed topology with copies (a non-combining reversal);
+    the broadcast-type collectives directly."""
+    reduction = reduction_for(problem)
+    if reduction is not None:
+        solved = [_schedule(sub, size_bytes, options) for sub in reduction.apply()]
+        return reduction.invert([s for s, _ in solved]), [p for _, phases in solved for p in phases]
+    chunks = problem.chunks_per_rank
+    if problem.collective in REVERSAL_OF:
+        dual = REVERSAL_OF[problem.collective]
+        phase = _phase(reverse_topology(problem.topology), dual, size_bytes, problem.root, chunks, options)
+        coll = make_collective(problem.collective, problem.topology.num_ranks, chunks, problem.root)
+        schedule = reverse_schedule(phase.schedule, coll, problem.topology.name)
+        return replace(schedule, transfers=tuple(replace(t, op=COPY) for t in schedule.transfers)), [phase]
+    phase = _phase(problem.topology, problem.collective, size_bytes, problem.root, chunks, options)
+    return phase.schedule, [phase]
 
 
 def _phase(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions) -> _Phase:
