@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _common import print_table, write_json  # noqa: E402
 
-from backends.msccl.lowering import check_limits, lower_to_msccl  # noqa: E402
+from backends.msccl.limits import runtime_limits  # noqa: E402
+from backends.msccl.lowering import lower_to_msccl  # noqa: E402
 from backends.msccl.simulate import simulate_program  # noqa: E402
 from synth.bounds.physical import bandwidth_bound_us, lower_bound  # noqa: E402
 from synth.errors import SynthError  # noqa: E402
@@ -56,7 +57,7 @@ def run(machine: str, name: str, chunks: int | None = None) -> dict:
         except SynthError as exc:
             row[label] = f"error: {exc}"
             continue
-        problems = check_limits(program)
+        problems = [f.message for f in runtime_limits(program) if f.severity == "error" and "executor" in f.runtimes]
         longest = max(len(tb.steps) for g in program.gpus for tb in g.tbs)
         tbs = max(len(g.tbs) for g in program.gpus)
         row[f"{label}_limits"] = "ok" if not problems else f"{len(problems)} broken: {problems[0]}"
