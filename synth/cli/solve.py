@@ -26,7 +26,8 @@ from synth.units import format_size, parse_size
               help="Per-rank buffer size as nccl-tests prints it (e.g. 64KB, 1MB, 1GB); sets the predicted time.")
 @click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
               help="steps: SCCL-style (S, R, C) MILP; routed/timexp: sketch-guided alpha-beta MILPs with "
-                   "pipelining; auto: every applicable one plus the baselines, fastest verified wins.")
+                   "pipelining; trees: throughput-optimal tree packing (not Alltoall); auto: every applicable one "
+                   "plus the baselines, the fastest simulated file wins.")
 @click.option("--sketch", default=None,
               help="Communication sketch: built-in name (sketches/) or JSON file (ours or TACCL's).")
 @click.option("--steps", type=click.IntRange(1, MAX_STEPS), default=None, help="Steps S (default: the hop lower bound).")
@@ -81,9 +82,9 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
     topo = load_topology(topology, nodes)
     options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
     request = SynthesisRequest(topo, name, size_bytes, root, method, sketch, steps, rounds, chunks, options,
-                               include_baselines=not no_baseline)
+                               include_baselines=not no_baseline, target=target)
     echo_err(f"synth: {name} on {topo.name} ({topo.num_ranks} ranks), size {format_size(size_bytes)}")
-    solution = solve_request(request, XmlRequest(target, proto, min_bytes, max_bytes), progress=echo_err)
+    solution = solve_request(request, XmlRequest(proto, min_bytes, max_bytes), progress=echo_err)
     chosen = solution.chosen
     result, replay = chosen.candidate.result, chosen.candidate.report
     schedule = result.schedule

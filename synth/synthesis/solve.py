@@ -38,9 +38,8 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class XmlRequest:
-    """What the MSCCL file should say: the runtime (``executor``/``legacy``), protocol and size range (bytes)."""
+    """What the MSCCL file should say besides the request's runtime target: protocol and size range (bytes)."""
 
-    target: str = "executor"
     proto: str = "Simple"
     min_bytes: int = 0
     max_bytes: int = DEFAULT_MAX_BYTES
@@ -121,7 +120,7 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
         if candidate.report.time_us >= best and candidate not in baselines:
             continue                        # its optimistic replay is already slower than a simulated file
         try:
-            emitted = emit_verified_xml(candidate.result.schedule, request.topology, xml.target,
+            emitted = emit_verified_xml(candidate.result.schedule, request.topology, request.target,
                                         request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
                                         max_bytes=xml.max_bytes)
         except BackendError as exc:
