@@ -151,3 +151,32 @@ def test_xml_schedule_and_model_are_written_together(tmp_path):
     assert r.exit_code == 0, r.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.json", "a.lp", "a.xml"]
     assert (tmp_path / "a.lp").read_text().startswith("\\*") and "<algo" in (tmp_path / "a.xml").read_text()
+
+
+def test_a_step_search_that_runs_out_of_time_does_not_stop_auto(monkeypatch):
+    """auto keeps the other sources when the step search finds nothing in time (it used to exit 3)."""
+    from synth.errors import NoSolutionError
+    from synth.model.topology import load_topology
+    from synth.synthesis import select
+    from synth.synthesis.request import SynthesisRequest
+
+    def no_time(*args, **kwargs):
+        raise NoSolutionError("the solver found no schedule within 60 s")
+
+    monkeypatch.setattr(select, "synthesize_steps", no_time)
+    found = select.verified_candidates(SynthesisRequest(load_topology("dgx1"), "allgather", 1 << 20))
+    assert found and all(c.label != "steps" for c in found)
+
+
+def test_multinode_auto_skips_the_step_search():
+    from synth.model.topology import load_topology
+    from synth.synthesis import select
+    from synth.synthesis.request import SynthesisRequest
+
+    messages = []
+    select.verified_candidates(SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20), messages.append)
+    assert any("trying steps" in m for m in messages)
+    messages.clear()
+    select.verified_candidates(SynthesisRequest(load_topology("ndv2-2node-tecc"), "allgather", 1 << 20,
+                                                method="auto"), messages.append)
+    assert not any("trying steps" in m for m in messages)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from synth.errors import InfeasibleError, InputError
+from synth.errors import InfeasibleError, InputError, NoSolutionError
 from synth.model.collectives import make_collective
 from synth.model.symmetry import free_symmetry_group
 from synth.schedule.replay import ReplayReport, verify
@@ -19,8 +19,8 @@ from synth.solver.highs import Status
 from synth.synthesis.request import Method, SynthesisRequest
 from synth.synthesis.steps import SynthesisResult, smallest_steps, steps_multiple, synthesize_steps
 
-# The step search in `auto` is worth its time on single machines; beyond this many ranks (or with a sketch)
-# the alpha-beta formulations reach the limit faster (benchmarks/bench_alphabeta.py).
+# The step search in `auto` is worth its time on single machines of up to this many ranks; across nodes (or with
+# a sketch) the alpha-beta formulations and tree packing reach the limit faster (benchmarks/bench_alphabeta.py).
 STEP_SEARCH_MAX_RANKS = 16
 
 Progress = Callable[[str], None]
@@ -147,14 +147,15 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
     found: list[Candidate] = []
     errors = []
     use_steps = method == Method.STEPS or request.fixed_steps or (
-        method == Method.AUTO and request.sketch is None and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
+        method == Method.AUTO and request.sketch is None and topology.num_nodes == 1
+        and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
     if use_steps:
         try:
             found += step_candidates(request, progress)
-        except InfeasibleError as exc:
+        except (InfeasibleError, NoSolutionError) as exc:
             if method == Method.STEPS or request.fixed_steps:
                 raise
-            errors.append(str(exc))
+            errors.append(str(exc))          # the other sources still compete
     if method in (Method.ROUTED, Method.TIMEXP) or request.open_choice:
         found.append(alpha_beta_candidate(request, progress))
     if method == Method.TREES or (request.open_choice and request.sketch is None
