@@ -239,7 +239,7 @@ def test_json_report_of_an_invalid_multi_algo_file(msccl_files, tmp_path):
 # ----------------------------------------------------------------------------------------------- synth run
 
 def test_project_files_plan_cleanly(msccl_files):
-    from synth.runtime.run_plan import plan_program
+    from synth.runtime.program_buffers import plan_program
     for path in msccl_files.values():
         for program in load_msccl_xml(path):
             assert plan_program(program, program.ngpus, str(path)).messages > 0

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock
 from synth.cli import main
 from synth.errors import InputError, VerificationError
-from synth.runtime.run_plan import plan_program
+from synth.runtime.program_buffers import plan_program
 from synth.runtime.torch_run import raise_on_failure, run_msccl_file, run_msccl_programs
 from support.extras import need_torch
 from support.shared import ALL_FILES, INVALID_FILE, shared_msccl_xml

@@ -2,7 +2,7 @@
 
 Channels, steps per threadblock, ``cnt``, ``depid``, threadblocks per (peer, channel, direction) and per channel,
 and buffer offsets. ``synth check`` (through :mod:`backends.msccl.lint`), the verified writer and run planning
-(:mod:`synth.runtime.run_plan`) all judge a program with these rules; the interpreter reports a second
+(:mod:`synth.runtime.program_buffers`) all judge a program with these rules; the interpreter reports a second
 threadblock on a connection with :func:`connection_findings` and ``cnt`` outside the same range. Every rule returns :class:`~backends.msccl.findings.Finding` objects naming the runtimes it
 concerns, so a caller keeps the ones of its target (:func:`backends.msccl.lint.for_target`).
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import click
 
 from synth.model.collectives import COLLECTIVES, normalize_name
-from synth.errors import NoSolutionError
 from synth.units import format_size
 from synth.cli._common import (MAX_CHUNKS, MAX_SOLVER_THREADS, MAX_STEPS, MAX_TIME_LIMIT_S, FiniteFloat,
                                check_output_dir, check_root, is_tty, solver_options_for)
@@ -72,21 +71,6 @@ class _Progress:
     def done(self) -> None:
         if self.enabled and self.tty:
             click.echo("", err=True)
-
-
-def _limit_fn(collective, topology, root):
-    """Physical limit per size from synth.bounds.physical when installed (None otherwise)."""
-    try:
-        from synth.bounds.physical import lower_bound
-    except ImportError:
-        return lambda size: None
-
-    def limit(size):
-        try:
-            return lower_bound(collective, topology, size, root=root).limit_us
-        except Exception:  # noqa: BLE001 - the limit is decoration; a failing bound must not stop the run
-            return None
-    return limit
 
 
 def _frontier_table(frontier) -> None:
@@ -187,16 +171,14 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
     grid = None
     if sizes.strip().lower() != "none":
         low, high = parse_size_range(sizes)
-        grid = size_grid(low, high, int(size_factor))
+        grid = tuple(size_grid(low, high, int(size_factor)))
 
     # the sweep's modules load the solver stack (a second or more): imported once the cheap checks passed
     from synth.model.topology import load_topology
     from synth.solver.highs import SolverOptions
-    from synth.sweep.bundle import (BUNDLE_DIR, frontier_document, plan_bundle, readme_text, write_bundle,
-                                    write_document)
-    from synth.sweep.frontier import Frontier, FrontierSearch, pareto_filter, plan_sweep
-    from synth.sweep.sources import collect_algorithms
-    from synth.sweep.workers import open_executor
+    from synth.sweep.bundle import BUNDLE_DIR
+    from synth.sweep.frontier import plan_sweep
+    from synth.sweep.run import SweepRequest, run_sweep
 
     if output is not None:
         check_output_dir("-o", output, ("frontier.json", "README.txt", "frontier.png", "frontier.svg"), (BUNDLE_DIR,))
@@ -204,61 +186,27 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
     options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
     spec = plan_sweep(topo, name, max_steps, max_chunks, root, options, not no_symmetry)
     out_dir = Path(output) if output else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)      # only once every input and option has been checked
     progress = _Progress(not quiet)
     progress.note(f"synth pareto: {name} on {topo.name} ({topo.num_ranks} ranks); steps {spec.min_steps}.."
                   f"{spec.max_steps}, chunks <= {spec.max_chunks}, R/C >= {spec.rounds_per_chunk_lower:.4g}")
-    t0 = time.perf_counter()
-
-    def snapshot(points, search):
-        return Frontier(spec, tuple(points), pareto_filter(points), search.stop_reason, time.perf_counter() - t0)
-
-    with open_executor(workers, scheduler) as (executor, slots):
-        search = FrontierSearch(topo, spec, budget)
-        points = []
-        for point in search.points(executor, slots, on_start=progress.start):
-            points.append(point)
-            progress.point(point)
-            if out_dir:
-                out_dir.mkdir(parents=True, exist_ok=True)    # at the first point: a failed start leaves nothing
-                write_document(out_dir, frontier_document(snapshot(points, search), topo, "sweeping"))
-        frontier = snapshot(points, search)
+    request = SweepRequest(topo, spec, grid, options, baselines, alpha_beta, method, sketch, target, proto, budget,
+                           workers, scheduler, out_dir)
+    try:
+        outcome = run_sweep(request, progress)
+    finally:
         progress.done()
-        cands = plan = None
-        if grid:
-            if out_dir:
-                out_dir.mkdir(parents=True, exist_ok=True)
-                write_document(out_dir, frontier_document(frontier, topo, "sizes"))
-            progress.note(f"frontier {' '.join(str(p.instance) for p in frontier.frontier) or 'empty'}; "
-                          f"collecting candidates for {len(grid)} sizes")
-            cands = collect_algorithms(frontier.frontier, name, topo, grid, spec.root, baselines, alpha_beta,
-                                       method, sketch, options, executor,
-                                       on_done=lambda size: progress.note(f"alpha-beta at {format_size(size)} done"))
-    if grid:
-        if not cands.algorithms:
-            raise NoSolutionError("no candidate algorithm at all (no frontier point, no baseline, no alpha-beta "
-                                  "schedule); raise --max-steps or --time-limit")
-        plan = plan_bundle(cands.algorithms, topo, grid, grid[0], grid[-1], target, proto,
-                           _limit_fn(name, topo, spec.root))
-    doc = frontier_document(frontier, topo, "done", plan, cands.algorithms if cands else (),
-                            cands.failures if cands else (),
-                            {"total_seconds": time.perf_counter() - t0})
-    if out_dir:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        write_document(out_dir, doc)
-        if plan is not None:
-            written = write_bundle(out_dir, plan, readme_text(plan, cands.algorithms, name, topo, target))
-            progress.note(f"wrote {out_dir / 'frontier.json'} and {len(written) - 1} XML file(s) in "
-                          f"{out_dir / 'msccl'} (README.txt says how to run them)")
-            _plot(out_dir, plan, cands.algorithms, name, topo, progress)
+    if out_dir and outcome.plan is not None:
+        progress.note(f"wrote {out_dir / 'frontier.json'} and {len(outcome.written) - 2} XML file(s) in "
+                      f"{out_dir / 'msccl'} (README.txt says how to run them)")
+        _plot(out_dir, outcome.plan, outcome.pool.algorithms, name, topo, progress)
     if as_json:
-        click.echo(json.dumps(doc, indent=1))
+        click.echo(json.dumps(outcome.document, indent=1))
         return
-    _frontier_table(frontier)
-    if plan is not None:
-        _size_table(plan, cands.algorithms)
-    if not frontier.frontier and not grid:
-        raise NoSolutionError(f"no feasible step schedule up to {spec.max_steps} steps; raise --max-steps or "
-                              "--time-limit")
+    _frontier_table(outcome.frontier)
+    if outcome.plan is not None:
+        _size_table(outcome.plan, outcome.pool.algorithms)
 
 
 def _plot(out_dir, plan, algorithms, name, topo, progress) -> None:

@@ -26,7 +26,8 @@ from synth.units import format_size, parse_size
               help="Per-rank buffer size as nccl-tests prints it (e.g. 64KB, 1MB, 1GB); sets the predicted time.")
 @click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
               help="steps: SCCL-style (S, R, C) MILP; routed/timexp: sketch-guided alpha-beta MILPs with "
-                   "pipelining; auto: every applicable one plus the baselines, fastest verified wins.")
+                   "pipelining; trees: throughput-optimal tree packing (not Alltoall); auto: every applicable one "
+                   "plus the baselines, the fastest simulated file wins.")
 @click.option("--sketch", default=None,
               help="Communication sketch: built-in name (sketches/) or JSON file (ours or TACCL's).")
 @click.option("--steps", type=click.IntRange(1, MAX_STEPS), default=None, help="Steps S (default: the hop lower bound).")
@@ -81,18 +82,16 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
     topo = load_topology(topology, nodes)
     options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
     request = SynthesisRequest(topo, name, size_bytes, root, method, sketch, steps, rounds, chunks, options,
-                               include_baselines=not no_baseline)
+                               include_baselines=not no_baseline, target=target)
     echo_err(f"synth: {name} on {topo.name} ({topo.num_ranks} ranks), size {format_size(size_bytes)}")
-    xml = XmlRequest(target, proto, min_bytes, max_bytes) if output else None
-    solution = solve_request(request, xml, progress=echo_err)
-    result, report = solution.chosen.result, solution.chosen.report
+    solution = solve_request(request, XmlRequest(proto, min_bytes, max_bytes), progress=echo_err)
+    chosen = solution.chosen
+    result, replay = chosen.candidate.result, chosen.candidate.report
     schedule = result.schedule
-    if solution.xml is not None:
-        emitted = solution.xml
+    emitted = solution.xml
+    report = solution.report()
+    if output:
         outputs.stage("-o", emitted.text)
-        echo_err(f"MSCCL program executed and verified: {emitted.threadblocks} threadblocks, {emitted.channels} "
-                 f"channel(s), {'fused' if emitted.fused else 'plain'} lowering, simulated "
-                 f"{emitted.simulated_us:.3f} us with the runtime's FIFO depth")
         if not schedule.collective.runs_at_power_of_two_sizes:
             echo_err(f"warning: nchunksperloop {schedule.collective.loop_chunks} is not a power of two, so the "
                      "MSCCL runtime skips this algorithm at power-of-two sizes; prefer --chunks that make it one")
@@ -102,14 +101,23 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
         outputs.stage("--write-model", step_model_text(solution, Path(write_model).suffix))
     written = outputs.commit()
 
-    echo_err(f"chosen: {solution.chosen.label} (fastest of {len(solution.candidates)} verified candidate(s))")
-    echo_err(f"status {result.status}, solve {result.solve_seconds:.3f} s (symmetry group of {result.symmetry_order}), "
-             f"steps {result.steps}, rounds {result.rounds}, chunks {result.chunks}")
-    echo_err(f"predicted time {report.time_us:.3f} us, algbw {report.algbw_GBps:.3f} GB/s, "
-             f"busbw {report.busbw_GBps:.3f} GB/s (alpha-beta replay, verified)")
+    echo_err(f"chosen: {chosen.candidate.label} (fastest simulated of {len(solution.candidates)} verified "
+             "candidate(s))")
+    if solution.fell_back_to_baseline:
+        echo_err("note: the runtime's own choice (a baseline) simulates faster than every synthesized plan, so it "
+                 "is the one written")
+    account = f"status {result.status}"
+    if result.gap is not None and result.status != "optimal":
+        account += f" (MIP gap {100 * result.gap:.2f}%)"
+    shape = ", ".join(f"{k} {v}" for k, v in (("steps", result.steps), ("rounds", result.rounds),
+                                                ("chunks", result.chunks)) if v is not None)
+    echo_err(f"{account}, solve {result.solve_seconds:.3f} s (symmetry group of {result.symmetry_order}), {shape}")
+    echo_err(f"MSCCL program executed and verified: {emitted.threadblocks} threadblocks, {emitted.channels} "
+             f"channel(s), {'fused' if emitted.fused else 'plain'} lowering ({emitted.target})")
+    echo_err(f"predicted time {report['predicted_time_us']:.3f} us (simulated with the runtime's FIFO depth; plan "
+             f"{replay.time_us:.3f} us), algbw {report['algbw_GBps']:.3f} GB/s, busbw {report['busbw_GBps']:.3f} GB/s")
     echo_err(solution.comparison.summary())
     for path in written:
         echo_err(f"wrote {path}")
     if as_json:
-        click.echo(json.dumps(dict(solution.report(), output=output, schedule_output=schedule_out,
-                                   target=target), indent=1))
+        click.echo(json.dumps(dict(report, output=output, schedule_output=schedule_out), indent=1))

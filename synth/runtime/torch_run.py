@@ -20,7 +20,7 @@ nothing writes is caught. In-place programs alias ``i`` and ``o`` at the collect
 At the end every rank compares its output with the collective computed by torch from the same inputs
 (concatenation, sum, slices); rooted collectives use ``root`` (MSCCL files do not name one; default 0).
 
-Before any process starts, :func:`synth.runtime.run_plan.plan_program` checks what the runtime would trip over and
+Before any process starts, :func:`synth.runtime.program_buffers.plan_program` checks what the runtime would trip over and
 bounds the work, raising :class:`~synth.errors.InputError` that names gpu, threadblock and step.
 """
 
@@ -36,7 +36,7 @@ from pathlib import Path
 from backends.msccl.ir import STEP_TYPES
 
 from synth.errors import InputError, VerificationError
-from synth.runtime.run_plan import ProgramPlan, plan_program
+from synth.runtime.program_buffers import ProgramPlan, plan_program
 from synth.runtime.launch import require_torch, run_ranks
 
 FIFO_DEPTH = {"Simple": 2, "LL": 8, "LL128": 8}

@@ -32,8 +32,12 @@ class LimitComparison:
                 "baseline_us": self.baseline_us, "speedup_vs_baseline": self.speedup_vs_baseline}
 
 
-def compare_with_limits(request: SynthesisRequest, time_us: float) -> LimitComparison:
-    """How ``time_us`` (us) compares with the request's physical limit and its fastest baseline.
+def compare_with_limits(request: SynthesisRequest, time_us: float,
+                        baseline: tuple[str, float] | None = None) -> LimitComparison:
+    """How ``time_us`` (us) compares with the request's physical limit and with a baseline.
+
+    ``baseline`` is ``(label, time_us)`` of the baseline the runtime would run (simulated, when the caller has
+    written it); without it, the fastest runnable baseline's replayed time is used.
 
     >>> from synth.model.topology import load_topology
     >>> c = compare_with_limits(SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20), 100.0)
@@ -42,10 +46,14 @@ def compare_with_limits(request: SynthesisRequest, time_us: float) -> LimitCompa
     """
     bound = request.bound
     name = base_us = speedup = None
-    if request.include_baselines:
+    if baseline is not None:
+        name, base_us = baseline
+    elif request.include_baselines:
         try:
-            best = request.baselines.best()
-            name, base_us, speedup = best.name, best.report.time_us, best.report.time_us / time_us
+            best = request.baselines.best(runnable_only=True)
+            name, base_us = best.name, best.report.time_us
         except InputError:
             pass  # no baseline applies on this topology
+    if base_us is not None:
+        speedup = base_us / time_us
     return LimitComparison(bound.limit_us, bound.binding, 100.0 * bound.limit_us / time_us, name, base_us, speedup)

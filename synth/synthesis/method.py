@@ -12,6 +12,7 @@ class Method(str, Enum):
     STEPS = "steps"
     ROUTED = "routed"
     TIMEXP = "timexp"
+    TREES = "trees"
 
     def __str__(self) -> str:
         return self.value

@@ -45,6 +45,7 @@ class SynthesisRequest:
     chunks: int | None = None
     options: SolverOptions = SolverOptions()
     include_baselines: bool = True
+    target: str = "executor"
     _baseline_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -60,9 +61,14 @@ class SynthesisRequest:
         if self.fixed_steps and self.method not in (Method.AUTO, Method.STEPS):
             raise InputError("--steps", "", f"--steps/--rounds belong to the step formulation, not --method "
                              f"{self.method}")
-        if self.sketch is not None and self.method == Method.STEPS:
+        if self.sketch is not None and self.method in (Method.STEPS, Method.TREES):
             raise InputError("--sketch", "", "sketches guide the alpha-beta formulations; use --method "
                              "auto|routed|timexp")
+        if self.method == Method.TREES and self.collective == "alltoall":
+            raise InputError("--method", "", "tree packing covers every collective but Alltoall; use --method "
+                             "auto|routed|timexp|steps")
+        if self.target not in ("executor", "legacy"):
+            raise InputError("--target", "", f"unknown target {self.target!r}; choose executor or legacy")
         make_collective(self.collective, self.topology.num_ranks, self.chunks or 1, self.root)  # validates root
         check_connected(self.topology)
 

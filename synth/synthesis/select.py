@@ -11,15 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from synth.errors import InfeasibleError, InputError
+from synth.errors import InfeasibleError, InputError, NoSolutionError
 from synth.model.collectives import make_collective
+from synth.model.symmetry import free_symmetry_group
 from synth.schedule.replay import ReplayReport, verify
 from synth.solver.highs import Status
 from synth.synthesis.request import Method, SynthesisRequest
 from synth.synthesis.steps import SynthesisResult, smallest_steps, steps_multiple, synthesize_steps
 
-# The step search in `auto` is worth its time on single machines; beyond this many ranks (or with a sketch)
-# the alpha-beta formulations reach the limit faster (benchmarks/bench_alphabeta.py).
+# The step search in `auto` is worth its time on single machines of up to this many ranks; across nodes (or with
+# a sketch) the alpha-beta formulations and tree packing reach the limit faster (benchmarks/bench_alphabeta.py).
 STEP_SEARCH_MAX_RANKS = 16
 
 Progress = Callable[[str], None]
@@ -96,6 +97,31 @@ def alpha_beta_candidate(request: SynthesisRequest, progress: Progress = _quiet)
     return Candidate(result.schedule.method, result, report)
 
 
+# Chunks per rank tried for tree packing besides its own pick: fewer chunks give programs that fit the
+# executor's 64 steps per threadblock on direct-link machines (dgx1), at a small cost in pipelining.
+TREE_CHUNK_OPTIONS = (64, 16)
+
+
+def tree_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
+    """Tree-packing schedules (:mod:`synth.synthesis.trees`): its own chunk count, and fewer chunks that fit."""
+    from synth.synthesis.trees import pipeline_chunks, synthesize_trees
+
+    own = pipeline_chunks(request.topology, request.collective, request.size_bytes, request.root)
+    counts = [request.chunks] if request.chunks else [own] + [c for c in TREE_CHUNK_OPTIONS if c < own]
+    found = []
+    for chunks in counts:
+        tree = synthesize_trees(request.topology, request.collective, request.size_bytes, request.root,
+                                request.options, request.target, chunks)
+        schedule = tree.schedule
+        result = SynthesisResult(schedule, tree.status, tree.solve_seconds, tree.gap,
+                                 len(free_symmetry_group(request.topology)), schedule.steps, None,
+                                 tree.chunks_per_rank)
+        report = verify(schedule, request.topology, request.size_bytes)
+        progress(f"  trees C={tree.chunks_per_rank}: {report.time_us:.2f} us ({tree.num_trees} trees)")
+        found.append(Candidate(f"trees/c{tree.chunks_per_rank}", result, report))
+    return found
+
+
 def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
     """The fastest baseline the runtimes select at power-of-two sizes, or None when none applies."""
     try:
@@ -121,16 +147,20 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
     found: list[Candidate] = []
     errors = []
     use_steps = method == Method.STEPS or request.fixed_steps or (
-        method == Method.AUTO and request.sketch is None and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
+        method == Method.AUTO and request.sketch is None and topology.num_nodes == 1
+        and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
     if use_steps:
         try:
             found += step_candidates(request, progress)
-        except InfeasibleError as exc:
+        except (InfeasibleError, NoSolutionError) as exc:
             if method == Method.STEPS or request.fixed_steps:
                 raise
-            errors.append(str(exc))
+            errors.append(str(exc))          # the other sources still compete
     if method in (Method.ROUTED, Method.TIMEXP) or request.open_choice:
         found.append(alpha_beta_candidate(request, progress))
+    if method == Method.TREES or (request.open_choice and request.sketch is None
+                                  and request.collective != "alltoall"):
+        found += tree_candidates(request, progress)
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:

@@ -1,0 +1,98 @@
+"""Plan quality: what `synth solve` writes, simulated as the runtime would run it, against the limit and the baselines.
+
+For each collective x topology x size (nccl-tests' per-rank buffer; 1 GB = 2^30 bytes as `--size 1GB` reads it)
+this runs the library entry point of `synth solve` (:func:`synth.synthesis.solve.solve`) and reports:
+
+- ``sim_us``: the written file's simulated time (runtime FIFO depth, switch-port sharing), the figure `solve`
+  prints; ``plan_us``: the schedule's own replay; ``plan_vs_sim_pct``: how far the plan's claim is off;
+- ``pct_limit``: limit / simulated time (``synth.bounds.physical``);
+- ``baseline``/``base_us``/``ratio``: the best runnable baseline's simulated time and ours against it (>= 1.00 means
+  never slower than what the runtime would do anyway);
+- ``method``: the winning candidate; ``wall_s``: synthesis wall time on this machine.
+
+Usage::
+
+    python benchmarks/bench_quality.py                       # the issue's full grid (hours on 2 cores)
+    python benchmarks/bench_quality.py --topologies dgx1 dgx-h100 --sizes 1MB 1GB --collectives allgather
+    python benchmarks/bench_quality.py --quick               # single-node topologies at 1 GB
+
+Writes ``benchmarks/results/quality.json`` (``--out NAME`` for another name).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _common import print_table, write_json  # noqa: E402
+
+from synth.errors import SynthError  # noqa: E402
+from synth.model.collectives import COLLECTIVES  # noqa: E402
+from synth.model.topology import load_topology  # noqa: E402
+from synth.solver.highs import SolverOptions  # noqa: E402
+from synth.synthesis.request import SynthesisRequest  # noqa: E402
+from synth.synthesis.solve import solve  # noqa: E402
+from synth.units import format_size, parse_size  # noqa: E402
+
+TOPOLOGIES = [("dgx1", 1), ("dgx2", 1), ("dgx-a100", 1), ("dgx-h100", 1), ("ndv4", 1), ("ring-8", 1),
+              ("fully-connected-8", 1), ("ndv2", 2), ("dgx2", 2), ("dgx-h100", 2)]
+SIZES = ["1KB", "64KB", "1MB", "64MB", "1GB"]
+SINGLE_NODE = ["dgx1", "dgx2", "dgx-a100", "dgx-h100", "ndv4"]
+
+
+def measure(topology: str, nodes: int, collective: str, size: str, time_limit_s: float) -> dict:
+    topo = load_topology(topology, nodes)
+    size_bytes = parse_size(size)
+    row = {"topology": topo.name, "gpus": topo.num_ranks, "collective": collective, "size": size}
+    t0 = time.perf_counter()
+    try:
+        solution = solve(SynthesisRequest(topo, collective, size_bytes,
+                                          options=SolverOptions(time_limit_s=time_limit_s)))
+    except SynthError as exc:
+        row.update(error=str(exc)[:120], wall_s=round(time.perf_counter() - t0, 2))
+        return row
+    report = solution.report()
+    sim, plan = report["predicted_time_us"], report["plan_time_us"]
+    row.update(method=report["method"][:28], sim_us=round(sim, 3), plan_us=round(plan, 3),
+               plan_vs_sim_pct=round(100 * (sim - plan) / sim, 2), pct_limit=round(report["percent_of_limit"], 2),
+               baseline=(report["baseline"] or "-")[:24],
+               base_us=None if report["baseline_us"] is None else round(report["baseline_us"], 3),
+               ratio=None if report["speedup_vs_baseline"] is None else round(report["speedup_vs_baseline"], 3),
+               wall_s=round(time.perf_counter() - t0, 2))
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--topologies", nargs="*", help="names, NAME:K for K nodes (default: the issue's ten)")
+    parser.add_argument("--collectives", nargs="*", default=list(COLLECTIVES))
+    parser.add_argument("--sizes", nargs="*", default=SIZES)
+    parser.add_argument("--quick", action="store_true", help="single-node topologies at 1 GB only")
+    parser.add_argument("--time-limit", type=float, default=30.0, help="solver limit per MILP, seconds")
+    parser.add_argument("--out", default="quality")
+    args = parser.parse_args()
+    if args.topologies:
+        topologies = [(t.split(":")[0], int(t.split(":")[1])) if ":" in t else (t, 1) for t in args.topologies]
+    else:
+        topologies = [(t, 1) for t in SINGLE_NODE] if args.quick else TOPOLOGIES
+    sizes = ["1GB"] if args.quick else args.sizes
+    rows = []
+    for topology, nodes in topologies:
+        for collective in args.collectives:
+            for size in sizes:
+                row = measure(topology, nodes, collective, size, args.time_limit)
+                rows.append(row)
+                print(f"{row['topology']:>18} {collective:>13} {format_size(parse_size(size)):>6}: "
+                      f"{row.get('pct_limit', row.get('error'))}% of limit, x{row.get('ratio')} vs baseline, "
+                      f"{row['wall_s']} s", file=sys.stderr, flush=True)
+    print_table(rows, ["topology", "gpus", "collective", "size", "method", "sim_us", "plan_us", "plan_vs_sim_pct",
+                       "pct_limit", "baseline", "base_us", "ratio", "wall_s"])
+    print(f"wrote {write_json(args.out, rows)}")
+
+
+if __name__ == "__main__":
+    main()

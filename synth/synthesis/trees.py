@@ -1,0 +1,263 @@
+"""Tree-packing synthesis (issue 11): throughput-optimal trees, integerized for the runtimes, scheduled, verified.
+
+1. **rate**: the optimal fractional rate is the max-flow bandwidth bound of :mod:`synth.bounds.physical`, which
+   the packing LP of :mod:`synth.formulations.trees` attains (tests/test_trees.py checks every built-in).
+2. **integerize**: for ``C`` chunks per rank (a power of two, so ``nchunksperloop`` divides the power-of-two
+   element counts the runtimes see) the packing MILP assigns chunks to trees minimising the busiest link or
+   switch port; :func:`synth.formulations.trees.decompose` splits the integer capacities into trees.
+3. **schedule**: every chunk follows its tree; the list scheduler (:mod:`synth.schedule.list_scheduler`) orders and
+   times the transfers at the requested size (whole chunks, store-and-forward); the result is replayed
+   (:func:`synth.schedule.replay.verify`).
+
+Reductions are the time reversal of the broadcast-type packing on the reversed topology (in-trees: ReduceScatter
+from Allgather, Reduce from Broadcast, Gather from Scatter); Allreduce is ReduceScatter then Allgather with the
+same chunks per rank.
+
+``C`` follows from the size (:func:`pipeline_chunks`: enough chunks that the first chunk's trip is a small share
+of the time), halved while the busiest connection would carry more messages than the target's threadblock steps
+over 32 channels hold.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+
+from synth.bounds.physical import bandwidth_bound_us, lower_bound
+from synth.errors import InputError
+from synth.formulations.trees import REVERSAL_OF, Commodity, Packing, broadcast_commodities, decompose, solve_packing
+from synth.model.collectives import make_collective, normalize_name
+from synth.model.symmetry import free_symmetry_group
+from synth.model.topology import Topology, check_connected, reverse_topology
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.schedule.ir import COPY, Schedule
+from synth.schedule.list_scheduler import list_schedule
+from synth.schedule.replay import verify
+from synth.schedule.transforms import CollectiveProblem, reduction_for, reverse_schedule
+from synth.solver.highs import FEASIBLE, OPTIMAL, SolverOptions
+from synth.synthesis.baselines import find_ring
+
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather", "scatter")
+MAX_CHUNKS = 2048
+PIPELINE_SHARE = 0.01               # of the bandwidth bound, for the first chunk's trip (see pipeline_chunks)
+MIP_GAP = 0.002                     # the packing is within 0.2% of the best integer one
+MILP_SECONDS = 2.0                  # per packing MILP; the incumbent (never worse than the start) is used after
+STEPS_PER_TB = {"executor": 64, "legacy": 256}
+MAX_CHANNELS = 32
+
+
+@dataclass(frozen=True)
+class TreesResult:
+    """A verified tree-packing schedule and how close its integer packing is to the fractional optimum.
+
+    Attributes
+    ----------
+    schedule : Schedule
+        Verified by replay; ``notes`` record the chunks, trees and loads.
+    status : str
+        ``optimal`` when every packing MILP was proven within :data:`MIP_GAP`, else ``feasible``.
+    gap : float or None
+        Largest relative gap of the integer packing(s) to the fractional optimum, e.g. 0.0045 (None: unknown).
+    chunks_per_rank : int
+        ``C``: chunks per rank (per root for Broadcast/Reduce) of the packing and the schedule.
+    fractional_us : float
+        Busiest-resource time of the fractional packing at this size (the bandwidth bound), microseconds.
+    integer_us : float
+        Busiest-resource time of the integer packing at this size, microseconds (>= ``fractional_us``).
+    replay_us : float
+        The schedule's replayed time at this size, microseconds.
+    num_trees : int
+        Distinct trees over all commodities (images under symmetry included).
+    solve_seconds : float
+        Wall time of the whole synthesis.
+    """
+
+    schedule: Schedule
+    status: str
+    gap: float | None
+    chunks_per_rank: int
+    fractional_us: float
+    integer_us: float
+    replay_us: float
+    num_trees: int
+    solve_seconds: float
+
+
+@dataclass(frozen=True)
+class _Phase:
+    """One broadcast-type packing, scheduled (forward, on the topology it was solved on)."""
+
+    schedule: Schedule
+    packing: Packing
+    fractional_units: float
+    num_trees: int
+
+
+def synthesize_trees(topology: Topology, collective_name: str, size_bytes: float, root: int | None = None,
+                     options: SolverOptions = SolverOptions(), target: str = "executor",
+                     chunks: int | None = None) -> TreesResult:
+    """Tree-packing schedule for a non-Alltoall collective at ``size_bytes`` (nccl-tests' size).
+
+    Parameters
+    ----------
+    topology : Topology
+    collective_name : str
+        Allgather, ReduceScatter, Allreduce, Broadcast, Reduce, Gather or Scatter (or an alias).
+    size_bytes : float
+        nccl-tests' size in bytes; chunks per rank and the order are chosen for it.
+    root : int, optional
+        Root of rooted collectives (default 0).
+    options : SolverOptions
+        HiGHS settings; each packing MILP runs at most ``min(options.time_limit_s, MILP_SECONDS)`` seconds.
+    target : str
+        ``executor`` or ``legacy``: its steps-per-threadblock limit caps the chunks per rank.
+    chunks : int, optional
+        Chunks per rank (a power of two); default :func:`pipeline_chunks`.
+
+    Raises
+    ------
+    InputError
+        Alltoall (not a tree collective), a bad size, target or chunk count, or a disconnected topology.
+
+    Examples
+    --------
+    >>> from synth.model.topology import load_topology
+    >>> r = synthesize_trees(load_topology("ring-4"), "allgather", 4_000_000)
+    >>> r.chunks_per_rank, round(r.fractional_us, 3)
+    (256, 60.0)
+    """
+    name = normalize_name(collective_name)
+    if name not in COLLECTIVES:
+        raise InputError("--method", "", f"trees does not apply to {name}; use routed or timexp")
+    if size_bytes <= 0:
+        raise InputError("--size", "", f"size must be positive, got {size_bytes!r}")
+    if target not in STEPS_PER_TB:
+        raise InputError("--target", "", f"unknown target {target!r}; use executor or legacy")
+    if chunks is not None and (chunks < 1 or chunks & (chunks - 1)):
+        raise InputError("--chunks", "", f"chunks per rank must be a power of two, got {chunks}")
+    check_connected(topology)
+    t0 = time.perf_counter()
+    milp_options = replace(options, time_limit_s=min(options.time_limit_s, MILP_SECONDS),
+                           mip_gap=max(options.mip_gap, MIP_GAP))
+    c = chunks or pipeline_chunks(topology, name, size_bytes, root)
+    result = None
+    while result is None:
+        result = _solve(topology, name, size_bytes, root, milp_options, c, target)
+        if result is None and (chunks or c == 1):
+            raise InputError("--chunks", "", f"{c} chunks per rank put more messages on a connection than "
+                             f"{MAX_CHANNELS} channels of {STEPS_PER_TB[target]} steps hold; use fewer")
+        c //= 2
+    schedule = result.schedule
+    notes = dict(schedule.notes)
+    notes.update(method="trees", chunks_per_rank=result.chunks_per_rank, fractional_us=result.fractional_us,
+                 integer_us=result.integer_us, trees=result.num_trees)
+    return replace(result, schedule=replace(schedule, notes=notes), solve_seconds=time.perf_counter() - t0)
+
+
+def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float, root: int | None = None) -> int:
+    """The smallest power of two ``C`` (at most :data:`MAX_CHUNKS`) for which a chunk's store-and-forward trip
+    over the hop diameter (chunk bytes over the slowest link, per hop) costs at most :data:`PIPELINE_SHARE` of
+    the bandwidth bound: fewer chunks leave links idle while the first chunks travel, more only add messages."""
+    name = normalize_name(collective_name)
+    bound = lower_bound(name, topology, size_bytes, root=root)
+    slowest = min(link.capacity_GBps for link in topology.links) * BYTES_PER_US_PER_GBPS
+    hops = topology.num_ranks - 1 if name in ("broadcast", "reduce") else bound.hops   # chains, see _phase
+    c = 1
+    while c < MAX_CHUNKS:
+        chunk_bytes = make_collective(name, topology.num_ranks, c, root).chunk_bytes(size_bytes)
+        if hops * chunk_bytes / slowest <= PIPELINE_SHARE * bound.bandwidth_us:
+            break
+        c *= 2
+    return c
+
+
+def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesResult | None:
+    """The verified schedule with ``chunks`` per rank, or None when a connection would carry more messages than
+    the target's threadblocks can hold over all channels."""
+    schedule, phases = _schedule(CollectiveProblem(topology, name, root, chunks), size_bytes, options)
+    per_connection = Counter((t.src, t.dst) for t in schedule.transfers)
+    if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
+        return None
+    report = verify(schedule, topology, size_bytes)
+    chunk_bytes = phases[0].schedule.collective.chunk_bytes(size_bytes)
+    frac = sum(p.fractional_units for p in phases) * chunk_bytes / BYTES_PER_US_PER_GBPS
+    integer = sum(p.packing.units for p in phases) * chunk_bytes / BYTES_PER_US_PER_GBPS
+    gaps = [p.packing.gap for p in phases]
+    status = OPTIMAL if all(p.packing.status == OPTIMAL for p in phases) and all(
+        g is not None and g <= MIP_GAP for g in gaps) else FEASIBLE
+    gap = None if any(g is None for g in gaps) else max(gaps)
+    return TreesResult(schedule, status, gap, chunks, frac, integer, report.time_us,
+                       sum(p.num_trees for p in phases), 0.0)
+
+
+def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions) -> tuple[Schedule, list[_Phase]]:
+    """The problem's schedule and the packings it is made of: reductions (:func:`reduction_for`) from their
+    parts; Gather as the reversal of Scatter on the reversed topology with copies (a non-combining reversal);
+    the broadcast-type collectives directly."""
+    reduction = reduction_for(problem)
+    if reduction is not None:
+        solved = [_schedule(sub, size_bytes, options) for sub in reduction.apply()]
+        return reduction.invert([s for s, _ in solved]), [p for _, phases in solved for p in phases]
+    chunks = problem.chunks_per_rank
+    if problem.collective in REVERSAL_OF:
+        dual = REVERSAL_OF[problem.collective]
+        phase = _phase(reverse_topology(problem.topology), dual, size_bytes, problem.root, chunks, options)
+        coll = make_collective(problem.collective, problem.topology.num_ranks, chunks, problem.root)
+        schedule = reverse_schedule(phase.schedule, coll, problem.topology.name)
+        return replace(schedule, transfers=tuple(replace(t, op=COPY) for t in schedule.transfers)), [phase]
+    phase = _phase(problem.topology, problem.collective, size_bytes, problem.root, chunks, options)
+    return phase.schedule, [phase]
+
+
+def _phase(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions) -> _Phase:
+    """Pack, integerize, decompose and list-schedule one broadcast-type collective on ``topology``.
+
+    The fractional optimum is taken from the max-flow bound (equal to the packing LP, which the tests check on
+    every built-in topology, and much faster than the LP on a switch's all-pairs links)."""
+    commodities = broadcast_commodities(name, topology.num_ranks, root)
+    group = free_symmetry_group(topology) if name == "allgather" else ()
+    coll = make_collective(name, topology.num_ranks, chunks, root)
+    bound_us = bandwidth_bound_us(name, topology, size_bytes, root)[0]
+    fractional_units = bound_us * BYTES_PER_US_PER_GBPS / coll.chunk_bytes(size_bytes)
+    packing = solve_packing(topology, commodities, chunks, integer=True, group=group, options=options,
+                            floor_units=fractional_units, fewest_links=name == "broadcast",
+                            start_trees=_ring_chain(topology, commodities) if name == "broadcast" else None)
+    routes: list[tuple[int, ...]] = [()] * len(coll.chunks)
+    num_trees = 0
+    for k, rep in enumerate(packing.commodities):
+        trees = decompose(topology, rep, packing.counts[k], chunks)
+        for perm in packing.images[k]:
+            image = Commodity(perm[rep.root], tuple(perm[s] for s in rep.sinks))
+            ids = _chunk_ids(name, image, chunks)
+            j = 0
+            for tree in trees:
+                links = tuple(topology.link_index[(perm[topology.links[li].src], perm[topology.links[li].dst])]
+                              for li in tree.links)
+                for _ in range(tree.chunks):
+                    routes[ids[j]] = links
+                    j += 1
+                num_trees += 1
+    schedule = list_schedule(topology, coll, routes, size_bytes, "trees")
+    return _Phase(schedule, packing, fractional_units, num_trees)
+
+
+def _ring_chain(topology: Topology, commodities) -> tuple[tuple[int, ...], ...] | None:
+    """For a Broadcast, the chain from the root along the topology's ring (which attains the bound on a switch,
+    where every port then serves each chunk once), or None without a ring."""
+    ring = find_ring(topology)
+    if ring is None:
+        return None
+    root = commodities[0].root
+    at = ring.index(root)
+    order = ring[at:] + ring[:at]
+    return (tuple(topology.link_index[(a, b)] for a, b in zip(order, order[1:])),)
+
+
+def _chunk_ids(name: str, commodity: Commodity, chunks: int) -> list[int]:
+    """Chunk ids of :func:`synth.model.collectives.make_collective` that a commodity's chunks are."""
+    if name == "allgather":
+        return [commodity.root * chunks + j for j in range(chunks)]
+    if name == "scatter":
+        return [commodity.sinks[0] * chunks + j for j in range(chunks)]
+    return list(range(chunks))
