@@ -180,3 +180,10 @@ def test_multinode_auto_skips_the_step_search():
     select.verified_candidates(SynthesisRequest(load_topology("ndv2-2node-tecc"), "allgather", 1 << 20,
                                                 method="auto"), messages.append)
     assert not any("trying steps" in m for m in messages)
+
+
+def test_root_for_a_collective_without_one_is_refused():
+    r = CliRunner().invoke(main, ["solve", "allgather", "--topology", "dgx1", "--root", "3"])
+    assert r.exit_code == 1
+    assert "Error: --root: allgather has no root; drop --root (only broadcast, reduce, gather, scatter take one)" \
+        in r.output

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from synth.cli._common import MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, echo_err, solver_options
+from synth.cli._common import MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, check_root, echo_err, solver_options
 from synth.errors import InputError
 from synth.fileio import OutputPlan
 from synth.model.collectives import COLLECTIVES, normalize_name
@@ -76,6 +76,7 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
     if write_model and Path(write_model).suffix not in (".lp", ".mps"):
         raise InputError("--write-model", write_model, "give a file ending in .lp or .mps")
     name = normalize_name(collective)
+    check_root(name, root)
     size_bytes = parse_size(size)
     if min_bytes > max_bytes:
         raise InputError("--min-bytes", "", f"{min_bytes} is larger than --max-bytes {max_bytes}")
