@@ -117,7 +117,8 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     refusals: list[str] = []
     for candidate in candidates:
         best = min((w.simulated_us for w in written), default=math.inf)
-        if candidate.report.time_us >= best and candidate not in baselines:
+        is_baseline = any(candidate is b for b in baselines)
+        if candidate.report.time_us >= best and not is_baseline:
             continue                        # its optimistic replay is already slower than a simulated file
         try:
             emitted = emit_verified_xml(candidate.result.schedule, request.topology, request.target,
@@ -133,7 +134,8 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     if not written:
         raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
     chosen = min(written, key=lambda w: w.simulated_us)
-    base = min((w for w in written if w.candidate in baselines), key=lambda w: w.simulated_us, default=None)
+    base = min((w for w in written if any(w.candidate is b for b in baselines)), key=lambda w: w.simulated_us,
+               default=None)
     comparison = compare_with_limits(request, chosen.simulated_us, None if base is None else
                                      (base.candidate.label.removeprefix("baseline/"), base.simulated_us))
     return Solution(request, tuple(candidates), chosen, base, comparison, tuple(refusals))
