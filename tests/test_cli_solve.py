@@ -187,3 +187,10 @@ def test_root_for_a_collective_without_one_is_refused():
     assert r.exit_code == 1
     assert "Error: --root: allgather has no root; drop --root (only broadcast, reduce, gather, scatter take one)" \
         in r.output
+
+
+def test_legacy_gather_is_refused_before_any_search():
+    r = CliRunner().invoke(main, ["solve", "gather", "--topology", "ring-8", "--target", "legacy"])
+    assert r.exit_code == 1 and "trying steps" not in r.output
+    assert r.output.strip().splitlines()[-1] == ("Error: the legacy runtime knows no gather (its loader refuses the "
+                                                 "file); write it for the executor (--target executor)")

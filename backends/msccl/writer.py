@@ -127,7 +127,12 @@ def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, targe
 
 
 def _check_collective_known(schedule: Schedule, target: str) -> None:
-    name = schedule.collective.name
+    check_target_knows(schedule.collective.name, target)
+
+
+def check_target_knows(name: str, target: str) -> None:
+    """Refuse, before any work, a collective the target runtime's loader does not know (legacy: gather,
+    scatter)."""
     if target == "legacy" and name in LEGACY_UNKNOWN_COLLECTIVES:
         raise BackendError(f"the legacy runtime knows no {name} (its loader refuses the file); write it for the "
                            "executor (--target executor)")

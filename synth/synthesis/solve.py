@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backends.msccl.lowering import DEFAULT_MAX_BYTES
-from backends.msccl.writer import EmittedXml, emit_verified_xml
+from backends.msccl.writer import EmittedXml, check_target_knows, emit_verified_xml
 from synth.errors import BackendError, InputError
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.solver.highs import Status
@@ -109,6 +109,7 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     >>> s.report()["predicted_time_us"] >= s.report()["plan_time_us"] * 0.999
     True
     """
+    check_target_knows(request.collective, request.target)     # before any search
     candidates = [c for c in verified_candidates(request, progress) if c.result.status != Status.BASELINE]
     baselines = _runnable_baselines(request)
     candidates += baselines                 # the runtime's own choices always compete (sketches too)
