@@ -95,3 +95,9 @@ def test_type_confusion_in_topology_files_is_one_input_error(change, message):
     with pytest.raises(InputError) as err:
         topology_from_dict(raw, "bad.json")
     assert message in str(err.value) and str(err.value).startswith("bad.json")
+
+
+def test_family_sizes_are_bounded_before_anything_is_built():
+    with pytest.raises(InputError, match=r"fully-connected-N takes N in 2\.\.256 .* got 1024"):
+        load_topology("fully-connected-1024")
+    assert load_topology("ring-1024").num_ranks == 1024

@@ -381,6 +381,8 @@ def builtin_names() -> list[str]:
 
 
 _FAMILY = re.compile(r"^(ring|fully-connected)-(\d+)$")
+# Largest N of each family: fully-connected-N has N(N-1) links, and 256 (65,280 links) already takes seconds.
+FAMILY_MAX_RANKS = {"ring": 1024, "fully-connected": 256}
 
 
 def _family_dict(kind: str, n: int) -> dict:
@@ -414,8 +416,12 @@ def load_topology(name_or_path: str, nodes: int = 1) -> Topology:
                                       f"topologies/{key}.json")
         else:
             m = _FAMILY.match(key)
-            if m and 2 <= int(m.group(2)) <= 1024:
-                topo = topology_from_dict(_family_dict(m.group(1), int(m.group(2))), name_or_path)
+            if m:
+                kind, size = m.group(1), int(m.group(2))
+                if not 2 <= size <= FAMILY_MAX_RANKS[kind]:
+                    raise InputError("--topology", "", f"{kind}-N takes N in 2..{FAMILY_MAX_RANKS[kind]} (a "
+                                     f"fully-connected machine has N x (N-1) links); got {size}")
+                topo = topology_from_dict(_family_dict(kind, size), name_or_path)
             else:
                 known = ", ".join(builtin_names() + ["ring-N", "fully-connected-N"])
                 raise InputError("--topology", "", f"unknown topology {name_or_path!r}; use a JSON file path "
