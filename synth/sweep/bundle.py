@@ -30,7 +30,7 @@ from backends.msccl.selection import size_range_attributes
 from backends.msccl.writer import emit_verified_xml
 from synth import __version__
 from synth.errors import BackendError, VerificationError
-from synth.fileio import write_atomic
+from synth.fileio import OutputPlan, write_atomic
 from synth.sweep.frontier import Frontier
 from synth.sweep.sizes import Algorithm, SizeChoice, SizeRange, choose_per_size, tile_ranges
 from synth.sweep.sources import SourceFailure
@@ -215,19 +215,21 @@ def write_document(out_dir: str | Path, doc: dict) -> Path:
 
 
 def write_bundle(out_dir: str | Path, plan: BundlePlan, readme: str) -> list[Path]:
-    """Write the XMLs into ``DIR/msccl`` (removing our own stale ``NN-*.xml`` from an earlier run, so the
-    directory never holds overlapping ranges) and ``DIR/README.txt``."""
+    """Write the XMLs into ``DIR/msccl`` and ``DIR/README.txt`` together (:class:`~synth.fileio.OutputPlan`:
+    every temporary file first, then the renames), then remove our own stale ``NN-*.xml`` from an earlier run,
+    so the directory never holds overlapping ranges."""
     out = Path(out_dir)
     bundle = out / BUNDLE_DIR
     bundle.mkdir(parents=True, exist_ok=True)
+    outputs = OutputPlan()
+    for f in plan.files:
+        outputs.declare(f.file_name, bundle / f.file_name)
+        outputs.stage(f.file_name, f.text)
+    outputs.declare("README.txt", out / "README.txt")
+    outputs.stage("README.txt", readme)
+    written = outputs.commit()
     keep = {f.file_name for f in plan.files}
     for old in bundle.iterdir():
         if _OUR_XML.match(old.name) and old.name not in keep:
             old.unlink()
-    written = []
-    for f in plan.files:
-        write_atomic(bundle / f.file_name, f.text)
-        written.append(bundle / f.file_name)
-    write_atomic(out / "README.txt", readme)
-    written.append(out / "README.txt")
     return written
