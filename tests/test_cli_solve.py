@@ -194,3 +194,12 @@ def test_legacy_gather_is_refused_before_any_search():
     assert r.exit_code == 1 and "trying steps" not in r.output
     assert r.output.strip().splitlines()[-1] == ("Error: the legacy runtime knows no gather (its loader refuses the "
                                                  "file); write it for the executor (--target executor)")
+
+
+def test_an_explicit_step_request_is_written_even_when_a_baseline_simulates_faster(tmp_path):
+    """(S, R, C) given: that schedule is written; the baselines are only the comparison."""
+    r = run("solve", "allgather", "--topology", "dgx1", "--steps", "3", "--rounds", "7", "--chunks", "6", "--json",
+            "-o", str(tmp_path / "a.xml"))
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["method"] == "steps" and report["steps"] == 3 and not report["fell_back_to_baseline"]

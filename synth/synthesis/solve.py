@@ -29,6 +29,7 @@ from synth.solver.highs import Status
 from synth.formulations.steps import encode_steps
 from synth.solver.highs import write_model
 from synth.synthesis.comparison import LimitComparison, compare_with_limits
+from synth.synthesis.method import Method
 from synth.synthesis.request import SynthesisRequest
 from synth.synthesis.select import Candidate, verified_candidates
 from synth.synthesis.steps import SynthesisResult
@@ -114,10 +115,17 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     baselines = _runnable_baselines(request)
     candidates += baselines                 # the runtime's own choices always compete (sketches too)
     candidates.sort(key=lambda c: c.report.time_us)
+    # Under auto (with or without a sketch) the runtime's own choice may win; an explicit method or (S, R, C)
+    # is honoured, and the baselines are only the comparison.
+    may_fall_back = request.method == Method.AUTO and not request.fixed_steps
+
+    def eligible(w: WrittenCandidate) -> bool:
+        return may_fall_back or not any(w.candidate is b for b in baselines)
+
     written: list[WrittenCandidate] = []
     refusals: list[str] = []
     for candidate in candidates:
-        best = min((w.simulated_us for w in written), default=math.inf)
+        best = min((w.simulated_us for w in written if eligible(w)), default=math.inf)
         is_baseline = any(candidate is b for b in baselines)
         if candidate.report.time_us >= best and not is_baseline:
             continue                        # its optimistic replay is already slower than a simulated file
@@ -132,9 +140,9 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
         progress(f"  {candidate.label}: plan {candidate.report.time_us:.2f} us, simulated "
                  f"{emitted.simulated_us:.2f} us")
         written.append(WrittenCandidate(candidate, emitted))
-    if not written:
+    if not any(eligible(w) for w in written):
         raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
-    chosen = min(written, key=lambda w: w.simulated_us)
+    chosen = min((w for w in written if eligible(w)), key=lambda w: w.simulated_us)
     base = min((w for w in written if any(w.candidate is b for b in baselines)), key=lambda w: w.simulated_us,
                default=None)
     comparison = compare_with_limits(request, chosen.simulated_us, None if base is None else
