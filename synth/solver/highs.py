@@ -11,17 +11,17 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from enum import Enum
 
 import numpy as np
 
+from synth.text_enum import TextEnum
 from synth.errors import SolverError
 
 
-class Status(str, Enum):
+class Status(TextEnum):
     """How a search ended: the one status vocabulary of solver results, synthesis results and sweep points.
 
-    A ``str`` enum, so JSON reports and comparisons with the plain strings keep working.
+    A :class:`~synth.text_enum.TextEnum`, so JSON reports and comparisons with the plain strings keep working.
     """
 
     OPTIMAL = "optimal"
@@ -30,15 +30,6 @@ class Status(str, Enum):
     NO_SOLUTION = "no-solution"    # a limit came before any solution or proof
     ERROR = "error"
     BASELINE = "baseline"          # not solved: an NCCL-style baseline construction
-
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
-
-    @property
-    def has_schedule(self) -> bool:
-        return self in (Status.OPTIMAL, Status.FEASIBLE, Status.BASELINE)
 
 
 # Short names used by the encoders and drivers.

@@ -16,9 +16,9 @@ the crossover of their replayed times (bisection on bytes). Sizes are nccl-tests
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import Callable, Iterable
 
+from synth.text_enum import TextEnum
 from synth.errors import InputError
 from synth.schedule.replay import ReplayReport, replay_time, verify
 from synth.schedule.ir import Schedule
@@ -27,17 +27,13 @@ from synth.units import parse_size
 
 
 
-class AlgorithmKind(str, Enum):
+class AlgorithmKind(TextEnum):
     """Where a candidate algorithm comes from; the order is the tie-break (synthesized before baselines)."""
 
     STEPS = "steps"
     ALPHA_BETA = "alphabeta"
     BASELINE = "baseline"
 
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
 
 
 STEPS, ALPHA_BETA, BASELINE = AlgorithmKind.STEPS, AlgorithmKind.ALPHA_BETA, AlgorithmKind.BASELINE

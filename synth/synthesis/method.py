@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from synth.text_enum import TextEnum
 
 
-class Method(str, Enum):
+
+class Method(TextEnum):
     """One formulation, or ``auto`` (every applicable one plus the baselines)."""
 
     AUTO = "auto"
@@ -14,10 +15,6 @@ class Method(str, Enum):
     TIMEXP = "timexp"
     TREES = "trees"
 
-    def __str__(self) -> str:
-        return self.value
-
-    __format__ = str.__format__
 
 
 METHODS = tuple(m.value for m in Method)
