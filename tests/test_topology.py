@@ -88,6 +88,9 @@ def test_taccl_format_is_converted(tmp_path):
      "links[0].bidirectional: must be true or false, got 'no'"),
     (lambda r: r.update(links=[{"src": 0, "dst": 1, "alpha_us": 1, "bw_GBps": 9, "lanes": 1.5}]),
      "links[0].lanes: must be an integer, got 1.5"),
+    (lambda r: r.update(sms_per_gpu=0), "topology.sms_per_gpu: must be positive, got 0"),
+    (lambda r: r.update(sms_per_gpu=132.5), "topology.sms_per_gpu: must be an integer, got 132.5"),
+    (lambda r: r.update(sms_per_gpu=5000), "topology.sms_per_gpu: 5000 is outside the range 1..1024"),
 ])
 def test_type_confusion_in_topology_files_is_one_input_error(change, message):
     raw = load_topology("dgx-h100").to_dict()
@@ -101,3 +104,13 @@ def test_family_sizes_are_bounded_before_anything_is_built():
     with pytest.raises(InputError, match=r"fully-connected-N takes N in 2\.\.256 .* got 1024"):
         load_topology("fully-connected-1024")
     assert load_topology("ring-1024").num_ranks == 1024
+
+
+@pytest.mark.parametrize("name, sms", [("dgx1", 80), ("dgx2", 80), ("dgx-a100", 108), ("ndv4", 108),
+                                       ("dgx-h100", 132), ("ring-8", None)])
+def test_sm_count_is_part_of_the_machine_and_survives_composition_and_json(name, sms):
+    topo = load_topology(name)
+    assert topo.sms_per_gpu == sms
+    assert topology_from_dict(topo.to_dict()).sms_per_gpu == sms
+    if topo.nics:
+        assert load_topology(name, nodes=2).sms_per_gpu == sms

@@ -39,6 +39,8 @@ def show(topology, nodes, as_json):
     click.echo(f"{t.name}: {t.num_ranks} ranks, {t.num_nodes} node(s) of {t.gpus_per_node} ({t.source})")
     if t.description:
         click.echo(f"  {t.description}")
+    click.echo(f"  {t.sms_per_gpu} SMs per GPU (at most that many threadblocks per GPU)" if t.sms_per_gpu
+               else "  SMs per GPU unknown (add sms_per_gpu to bound threadblocks per GPU)")
     direct = [l for l in t.links if l.switch is None]
     click.echo(f"  {len(direct)} direct links, {len(t.links) - len(direct)} links through switches")
     for l in direct:

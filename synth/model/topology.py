@@ -93,7 +93,11 @@ class Nic:
 
 @dataclass(frozen=True)
 class Topology:
-    """A machine (one or more nodes) as the synthesizer sees it."""
+    """A machine (one or more nodes) as the synthesizer sees it.
+
+    ``sms_per_gpu`` is the GPU's number of streaming multiprocessors: every threadblock of an MSCCL program must
+    be resident at once, so a GPU runs at most that many (V100 80, A100 108, H100 SXM 132); None when unknown.
+    """
 
     name: str
     num_ranks: int
@@ -104,6 +108,7 @@ class Topology:
     symmetries: tuple[tuple[int, ...], ...] = ()
     description: str = ""
     source: str = "<memory>"
+    sms_per_gpu: int | None = None
     link_index: dict = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
@@ -162,6 +167,7 @@ class Topology:
             "description": self.description,
             "ranks": self.num_ranks,
             "gpus_per_node": self.gpus_per_node,
+            **({"sms_per_gpu": self.sms_per_gpu} if self.sms_per_gpu else {}),
             "links": [
                 dict({"src": l.src, "dst": l.dst, "alpha_us": l.alpha_us, "bw_GBps": l.bw_GBps, "lanes": l.lanes},
                      **({"path_type": l.path_type} if l.path_type else {}))
@@ -188,6 +194,7 @@ class Topology:
 BW_RANGE_GBPS = (1e-3, 1e5)          # 1 MB/s .. 100 TB/s per lane or port
 ALPHA_RANGE_US = (0.0, 1e6)          # up to a second of latency
 MAX_LANES = 64
+MAX_SMS_PER_GPU = 1024               # streaming multiprocessors (H100 SXM has 132)
 
 
 def _num(raw: dict, key: str, source: str, where: str, default=None, positive=True, integer=False,
@@ -266,6 +273,8 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
         raise InputError(source, "ranks", f"{n} ranks is more than the supported {MAX_RANKS}")
     if n % gpn:
         raise InputError(source, "gpus_per_node", f"{n} ranks do not split into nodes of {gpn}")
+    sms = _num(raw, "sms_per_gpu", source, "topology", integer=True, bounds=(1, MAX_SMS_PER_GPU)) \
+        if "sms_per_gpu" in raw else None
     defaults = raw.get("defaults", {})
     if not isinstance(defaults, dict):
         raise InputError(source, "defaults", "must be an object with alpha_us and/or bw_GBps")
@@ -350,7 +359,7 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
 
     topo = Topology(name=name, num_ranks=n, gpus_per_node=gpn, links=tuple(links[k] for k in sorted(links)),
                     switches=tuple(switches), nics=tuple(nics), symmetries=tuple(symmetries),
-                    description=str(raw.get("description", "")), source=source)
+                    description=str(raw.get("description", "")), source=source, sms_per_gpu=sms)
     from synth.model.symmetry import is_automorphism  # lazily: symmetry needs numpy, the CLI's limits do not
 
     for k, perm in enumerate(topo.symmetries):
@@ -479,6 +488,7 @@ def compose_nodes(topo: Topology, nodes: int) -> Topology:
     sym = [[(r + k * n) % (n * nodes) for r in range(n * nodes)] for k in range(1, nodes)]
     sym += [[perm[r % n] + (r // n) * n for r in range(n * nodes)] for perm in _nic_preserving(topo)]
     out = {"format": FORMAT, "name": f"{topo.name}x{nodes}", "ranks": n * nodes, "gpus_per_node": n,
+           **({"sms_per_gpu": topo.sms_per_gpu} if topo.sms_per_gpu else {}),
            "description": f"{nodes} x {topo.name} joined by a network switch through their NICs",
            "links": links, "switches": switches, "nics": raw["nics"], "symmetries": sym}
     return topology_from_dict(out, f"{topo.source} (--nodes {nodes})")
