@@ -34,7 +34,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # topology.py imports this module (is_automorphism checks declared symmetries)
     from synth.model.collectives import Collective
-    from synth.model.topology import Topology
+    from synth.model.topology import PortUse, Topology
 
 Permutation = tuple[int, ...]
 
@@ -246,9 +246,11 @@ class SymmetryGroup:
         images = self.link_images(topology)
         return images.min(axis=0) if images.size else np.zeros(0, dtype=np.int64)
 
-    def port_orbit_reps(self, topology: Topology) -> dict[tuple[str, int, str], tuple[str, int, str]]:
-        """Representative of every switch port direction ``(switch, port, "e"|"i")``: the smallest
-        ``(switch, port)`` its first rank's images sit on, with the same direction."""
+    def port_orbit_reps(self, topology: Topology) -> dict[PortUse, PortUse]:
+        """Representative of every switch port direction: the smallest ``(switch, port)`` of the same switch its
+        first rank's images sit on, with the same direction."""
+        from synth.model.topology import Direction, PortUse
+
         port_of_rank = {}
         for sw in topology.switches:
             for pi, port in enumerate(sw.ports):
@@ -264,8 +266,8 @@ class SymmetryGroup:
                     q = port_of_rank.get((sw.name, p[r]))
                     images.append((sw.name, q) if q is not None else (sw.name, pi))
                 best = min(images)
-                for d in ("e", "i"):
-                    reps[(sw.name, pi, d)] = best + (d,)
+                for d in Direction:
+                    reps[PortUse(sw.name, pi, d)] = PortUse(*best, d)
         return reps
 
     def resource_orbit_reps(self, topology: Topology, per_link_keys: Sequence[Sequence]) -> dict:

@@ -19,11 +19,12 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-
+from typing import NamedTuple
 
 from synth.errors import InputError
 from synth.fileio import document_name, parse_json, read_json
 from synth.model.taccl import is_taccl_topology, taccl_topology_to_dict
+from synth.text_enum import TextEnum
 
 MAX_RANKS = 4096
 FORMAT = "synth-topology/1"
@@ -31,14 +32,36 @@ FORMAT = "synth-topology/1"
 PATH_TYPES = ("NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
 
 
+class Direction(TextEnum):
+    """Which way a transfer crosses a switch port: ``egress`` from the port's ranks into the switch, ``ingress``
+    from the switch out to them (a NIC's send and receive sides)."""
+
+    EGRESS = "egress"
+    INGRESS = "ingress"
+
+
+class PortUse(NamedTuple):
+    """One switch port direction a link's transfers occupy: the shared resource of DESIGN section 3.
+
+    The one key every cost model, bound and formulation uses for a port (``Topology.port_capacity`` gives its
+    bandwidth), so a port is charged the same way everywhere. A named tuple: it is a dict key in hot loops.
+    """
+
+    switch: str
+    port: int
+    direction: Direction
+
+
 @dataclass(frozen=True)
 class Link:
     """A directed connection ``src -> dst``.
 
-    ``switch``/``egress_port``/``ingress_port`` are set for logical links through a switch: the transfer then
-    also uses those ports' bandwidth. ``path_type`` is NCCL's name for what the link is made of (``NVL``
-    NVLink/xGMI, ``PIX``/``PXB``/``PHB``/``SYS`` PCIe paths, see :data:`PATH_TYPES`) when known, e.g. from an
-    NCCL topology dump; empty means unknown (built-ins describe NVLink and NVSwitch).
+    ``ports`` are the switch port directions a logical link through switches occupies, in path order: the
+    sender's egress and the receiver's ingress port on one switch, plus the uplinks' ports when the path climbs
+    to a spine; empty for a direct link. A transfer also uses each port's bandwidth. ``path_type`` is NCCL's
+    name for what the link is made of (``NVL`` NVLink/xGMI, ``PIX``/``PXB``/``PHB``/``SYS`` PCIe paths, see
+    :data:`PATH_TYPES`) when known, e.g. from an NCCL topology dump; empty means unknown (built-ins describe
+    NVLink and NVSwitch).
     """
 
     src: int
@@ -46,15 +69,18 @@ class Link:
     alpha_us: float
     bw_GBps: float
     lanes: int = 1
-    switch: str | None = None
-    egress_port: int | None = None
-    ingress_port: int | None = None
+    ports: tuple[PortUse, ...] = ()
     path_type: str = ""
 
     @property
     def capacity_GBps(self) -> float:
         """Total bandwidth of the link over all lanes, GB/s."""
         return self.bw_GBps * self.lanes
+
+    @property
+    def switch(self) -> str | None:
+        """The switch the link enters (its first port's), None for a direct link."""
+        return self.ports[0].switch if self.ports else None
 
 
 @dataclass(frozen=True)
@@ -139,13 +165,13 @@ class Topology:
             g.add_edge(link.src, link.dst, alpha_us=link.alpha_us, capacity_GBps=link.capacity_GBps, index=i)
         return g
 
-    def port_capacity(self) -> dict[tuple[str, int, str], float]:
-        """Bandwidth (GB/s) of every switch port direction, keyed by (switch, port, 'egress'|'ingress')."""
+    def port_capacity(self) -> dict[PortUse, float]:
+        """Bandwidth (GB/s) of every switch port direction a link may use."""
         caps = {}
         for sw in self.switches:
             for p, port in enumerate(sw.ports):
-                caps[(sw.name, p, "egress")] = port.egress_GBps
-                caps[(sw.name, p, "ingress")] = port.ingress_GBps
+                caps[PortUse(sw.name, p, Direction.EGRESS)] = port.egress_GBps
+                caps[PortUse(sw.name, p, Direction.INGRESS)] = port.ingress_GBps
         return caps
 
     def hop_distances(self) -> list[list[int]]:
@@ -257,7 +283,8 @@ def _switch_links(switch: Switch) -> list[Link]:
         for a in p.ranks:
             for b in q.ranks:
                 if a != b:
-                    links.append(Link(a, b, switch.alpha_us, bw, 1, switch.name, pi, qi))
+                    links.append(Link(a, b, switch.alpha_us, bw, 1, (PortUse(switch.name, pi, Direction.EGRESS),
+                                                                     PortUse(switch.name, qi, Direction.INGRESS))))
     return links
 
 
@@ -506,13 +533,20 @@ def check_connected(topo: Topology) -> None:
 
 
 
+def reversed_port(use: PortUse) -> PortUse:
+    """The same port crossed the other way (a link reversed in time)."""
+    other = Direction.INGRESS if use.direction == Direction.EGRESS else Direction.EGRESS
+    return PortUse(use.switch, use.port, other)
+
+
 def reverse_topology(topo: Topology) -> Topology:
     """The same machine with every link (and switch port direction) reversed.
 
     Reductions are solved as the time reversal of a broadcast-type schedule on this graph, so they run on the
     original links.
     """
-    links = tuple(sorted((Link(l.dst, l.src, l.alpha_us, l.bw_GBps, l.lanes, l.switch, l.ingress_port, l.egress_port)
+    links = tuple(sorted((Link(l.dst, l.src, l.alpha_us, l.bw_GBps, l.lanes, tuple(reversed_port(u) for u in
+                                                                                   reversed(l.ports)), l.path_type)
                           for l in topo.links), key=lambda l: (l.src, l.dst)))
     switches = tuple(Switch(s.name, s.alpha_us, tuple(SwitchPort(p.ranks, p.ingress_GBps, p.egress_GBps)
                                                       for p in s.ports)) for s in topo.switches)
