@@ -306,9 +306,9 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
     previous = {}
     for op in sorted((o for o in ops if o.send is not None), key=lambda o: o.position):
         link = topology.link(op.send.src, op.send.dst)
-        if link is None or link.switch is None:
+        if link is None or not link.ports:
             continue
-        port = (link.switch, link.egress_port)
+        port = link.ports[0]         # the sender's egress port
         before = previous.get(port)
         if before is not None and before.tb_key != op.tb_key and before not in op.deps:
             op.deps = tuple(d for d in op.deps if d.tb_key != before.tb_key) + (before,)
