@@ -133,12 +133,19 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     time_limited = request.search_deadline.expired
     written: list[WrittenCandidate] = []
     refusals: list[str] = []
-    for k, candidate in enumerate(candidates):
+    pending = list(candidates)
+    while pending:
         best = min((w.simulated_us for w in written if eligible(w)), default=math.inf)
-        if best < math.inf and request.deadline.expired:
+        if request.deadline.expired:
             time_limited = True
-            progress(f"  time limit reached: {len(candidates) - k} slower candidate(s) not written")
-            break
+            if best < math.inf:
+                progress(f"  time limit reached: {len(pending)} slower candidate(s) not written")
+                break
+            # out of time with nothing written yet: the smallest program first (the quickest to write, and
+            # the likeliest to fit the runtime)
+            pending.sort(key=lambda c: (not (may_fall_back or all(c is not b for b in baselines)),
+                                        len(c.result.schedule.transfers), c.report.time_us))
+        candidate = pending.pop(0)
         is_baseline = any(candidate is b for b in baselines)
         if candidate.report.time_us >= best and not is_baseline:
             continue                        # its optimistic replay is already slower than a simulated file
