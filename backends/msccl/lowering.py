@@ -298,9 +298,10 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     coll = schedule.collective
     peers = _PeerSlots({op.send: op.src for plan in plans for op in plan.ops if op.send is not None},
                        {op.recv: op.dst for plan in plans for op in plan.ops if op.recv is not None})
-    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology) for plan in plans]
-    nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     inplace = 0 if coll.name == "alltoall" else 1
+    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology, inplace)
+            for plan in plans]
+    nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     return MscclProgram(
         name=name or safe_name(f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}"),
         proto=proto, nchannels=nchannels, ngpus=coll.num_ranks,
@@ -401,7 +402,7 @@ class _PeerSlots:
         return op.src, op.dst
 
 
-def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None) -> Gpu:
+def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None, inplace: int = 1) -> Gpu:
     by_tb = defaultdict(list)
     for op in plan.ops:
         by_tb[op.tb_key].append(op)
@@ -414,7 +415,9 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
     for k in keys:
         for i, op in enumerate(by_tb[k]):
             where[id(op)] = (k, i)
-    _add_dependencies(plan.ops, lambda slot: _memory_key(slot, coll, plan.rank))
+    # only an in-place program's i and o alias (an out-of-place one waiting for them only stalls)
+    _add_dependencies(plan.ops, (lambda slot: _memory_key(slot, coll, plan.rank)) if inplace
+                      else (lambda slot: slot))
     if topology is not None:
         _order_shared_ports(plan.ops, topology)
     published = {id(d) for op in plan.ops for d in op.deps}

@@ -178,6 +178,9 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
     if method == Method.TREES or (request.open_choice and request.sketch is None
                                   and request.collective != "alltoall"):
         found += timed_phase("tree packing", lambda: tree_candidates(request, progress), request, progress)
+    if request.open_choice and request.sketch is None and request.collective == "alltoall":
+        from synth.synthesis.alltoall import alltoall_candidates
+        found += timed_phase("alltoall paths", lambda: alltoall_candidates(request, progress), request, progress)
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:
