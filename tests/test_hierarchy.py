@@ -105,3 +105,14 @@ def test_method_hierarchy_gives_hierarchy_candidates_and_auto_tries_it():
     assert found == sorted(found, key=lambda c: c.report.time_us)
     assert hierarchy_applies(SynthesisRequest(H100X2, "allgather", GB))
     assert not hierarchy_applies(SynthesisRequest(load_topology("dgx-h100"), "allgather", GB))
+
+
+def test_a_process_pool_gives_the_same_candidates_as_this_process():
+    from concurrent.futures import ProcessPoolExecutor
+
+    serial = synthesize_hierarchy(H100X2, "reducescatter", 1 << 20, pieces=2)
+    with ProcessPoolExecutor(2) as pool:
+        pooled = synthesize_hierarchy(H100X2, "reducescatter", 1 << 20, pieces=2, executor=pool)
+    assert [c.plan for c in pooled] == [c.plan for c in serial]
+    assert [c.schedule for c in pooled] == [c.schedule for c in serial]
+    assert [c.report for c in pooled] == [c.report for c in serial]

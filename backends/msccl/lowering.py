@@ -103,15 +103,21 @@ def _plan_ops(schedule: Schedule, fuse: bool):
             if first_after is not None and first_after.op == last.op:
                 fused_with[first_after] = last
 
+    touched_by_rank = defaultdict(set)   # indexed once: scanning every transfer per (rank, chunk) was quadratic
+    for rk, c in list(recvs_at) + list(sends_at):
+        touched_by_rank[rk].add(c)
+    fused_sends = defaultdict(dict)      # (rank, chunk) -> {receive: the send fused into it}
+    for send, recv in fused_with.items():
+        fused_sends[(send.src, send.chunk)][recv] = send
     for plan in plans:
         r = plan.rank
-        touched = sorted({c for (rk, c) in list(recvs_at) + list(sends_at) if rk == r})
+        touched = sorted(touched_by_rank[r])
         for chunk in touched:
             recvs = recvs_at.get((r, chunk), [])
             sends = sends_at.get((r, chunk), [])
             home = plan.home(chunk)
             own = plan.own_input(chunk)
-            fused_send = {v: k for k, v in fused_with.items() if k.src == r and k.chunk == chunk}
+            fused_send = fused_sends.get((r, chunk), {})
             partial = own  # where this rank's current partial sum of a reduced chunk lives
             for t in recvs:
                 send = fused_send.get(t)
@@ -147,7 +153,7 @@ def _plan_ops(schedule: Schedule, fuse: bool):
         for c in coll.chunks:  # chunks a rank holds and outputs but never moves (e.g. a gather root's own)
             out = c.output_index(r)
             own = c.input_index(r)
-            if out is not None and own is not None and c.id not in touched and not coll.combining:
+            if out is not None and own is not None and c.id not in touched_by_rank[r] and not coll.combining:
                 plan.ops.append(_Op("cpy", None, None, ("i", own), ("o", out), _position(-1, 0, c.id, r)))
     return plans, layout
 

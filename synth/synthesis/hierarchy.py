@@ -32,6 +32,7 @@ other candidate; ``synth solve`` then writes it through the verified writer and 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -328,16 +329,34 @@ def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, targ
 
 def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float, root: int | None = None,
                          target: str = "executor", pieces: int | None = None,
-                         progress: Callable[[str], None] = lambda message: None) -> list[HierarchyCandidate]:
-    """Every composition of :func:`hierarchy_plans`, composed and replayed, fastest first."""
+                         progress: Callable[[str], None] = lambda message: None,
+                         executor: Executor | None = None) -> list[HierarchyCandidate]:
+    """Every composition of :func:`hierarchy_plans`, composed and replayed, fastest first (ties: plan order).
+
+    The compositions are independent: with an ``executor`` (a process pool, or a Dask cluster's
+    ``client.get_executor()``) they run there, and the result is the same as in this process.
+    """
     check_applicable(topology, collective)
     nodes = node_trees(topology)
+    plans = hierarchy_plans(topology, collective, size_bytes, target, pieces)
+    if executor is None:
+        results = map(_compose_and_replay, *zip(*[(topology, collective, p, size_bytes, root, nodes) for p in plans]))
+    else:
+        futures = [executor.submit(_compose_and_replay, topology, collective, p, size_bytes, root, nodes)
+                   for p in plans]
+        results = (f.result() for f in futures)
     out = []
-    for plan in hierarchy_plans(topology, collective, size_bytes, target, pieces):
-        t0 = time.perf_counter()
-        schedule = compose(topology, collective, plan, size_bytes, root, nodes)
-        report = verify(schedule, topology, size_bytes)
-        progress(f"  {plan.label(collective)}: {report.time_us:.2f} us ({len(schedule.transfers)} transfers)")
-        out.append(HierarchyCandidate(plan, schedule, report, time.perf_counter() - t0,
-                                      topology.num_nodes * topology.gpus_per_node))
+    for c in results:
+        progress(f"  {c.plan.label(collective)}: {c.report.time_us:.2f} us ({len(c.schedule.transfers)} transfers)")
+        out.append(c)
     return sorted(out, key=lambda c: c.report.time_us)
+
+
+def _compose_and_replay(topology: Topology, collective: str, plan: HierarchyPlan, size_bytes: float,
+                        root: int | None, nodes: NodeTrees) -> HierarchyCandidate:
+    """One composition, replayed (a module-level function, so process pools and Dask can run it)."""
+    t0 = time.perf_counter()
+    schedule = compose(topology, collective, plan, size_bytes, root, nodes)
+    report = verify(schedule, topology, size_bytes)
+    return HierarchyCandidate(plan, schedule, report, time.perf_counter() - t0,
+                              topology.num_nodes * topology.gpus_per_node)
