@@ -116,3 +116,12 @@ def test_a_process_pool_gives_the_same_candidates_as_this_process():
     assert [c.plan for c in pooled] == [c.plan for c in serial]
     assert [c.schedule for c in pooled] == [c.schedule for c in serial]
     assert [c.report for c in pooled] == [c.report for c in serial]
+
+
+def test_crossing_rails_at_two_nodes_beats_the_node_bound():
+    """Half the pieces also go NIC to another rail: NICs and NVSwitch ports then finish together."""
+    best = synthesize_hierarchy(H100X2, "allgather", GB, pieces=32)[0]
+    assert best.plan.cross == 16
+    assert best.report.time_us < GB * 7 / 8 / 450e3 * 0.985
+    crossing = _crossing(best.schedule, H100X2)
+    assert any(t.src % 8 != t.dst % 8 for t in crossing)

@@ -50,8 +50,9 @@ COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
 # over without running out of the GPU's SMs: the busiest connection's messages must fit both.
 STEPS_PER_TB = {"executor": 64, "legacy": 256}
 SPREAD_CHANNELS = 4
-# Transfers a composed program may hold: writing and checking it costs about a millisecond per transfer today.
-MAX_TRANSFERS = 1 << 17
+# Transfers a composed program may hold beyond one piece per rank: writing and checking it costs one to two
+# milliseconds per transfer today, so more pieces than this are not worth their last percent.
+MAX_TRANSFERS = 1 << 15
 # A piece's trip (one rail hop and one node hop, store-and-forward) should cost at most this share of the
 # collective's bandwidth time; more pieces only add messages.
 PIPELINE_SHARE = 0.02
@@ -79,11 +80,17 @@ class HierarchyPlan:
     rail: RailShape
     pieces: int
     alltoall: AlltoallOrder = AlltoallOrder.NODE_FIRST
+    cross: int = 0
 
     def label(self, collective: str) -> str:
         """How reports name the composition (the hop order for Alltoall, the rail shape otherwise)."""
         shape = self.alltoall if normalize_name(collective) == "alltoall" else self.rail
-        return f"hierarchy/{shape}/c{self.pieces}"
+        return f"hierarchy/{shape}/c{self.pieces}" + (f"/x{self.cross}" if self.cross else "")
+
+    def crosses(self, index: int) -> bool:
+        """Whether piece ``index`` of a shard also goes from its origin's NIC straight to one other-rail GPU of
+        every other node (``cross`` of the ``pieces``, evenly spaced), which then takes no copy from its node."""
+        return (index * self.cross) % self.pieces < self.cross
 
 
 @dataclass(frozen=True)
@@ -166,8 +173,14 @@ class HierarchyRoutes(Routes):
         node, local = divmod(origin, self.g)
         rail = rail_tree(self.plan.rail, node, self.k)
         edges = [(self.rank(a, local), self.rank(b, local)) for a, b in rail]
+        skip = {}
+        if self.plan.crosses(index):       # a second NIC copy to GPU j of node m spares one node edge there
+            turn = (index * self.plan.cross) // self.plan.pieces
+            for _, m in rail:
+                skip[m] = self.rank(m, (local + 1 + (turn + m) % (self.g - 1)) % self.g)
+                edges.append((origin, skip[m]))
         for m in [node] + [b for _, b in rail]:
-            edges += self._node_edges(m, local)
+            edges += [e for e in self._node_edges(m, local) if e[1] != skip.get(m)]
         return edges
 
     def collect(self, root, index):
@@ -289,9 +302,9 @@ def volumes(topology: Topology, collective: str, size_bytes: float) -> Volumes:
 
 def piece_options(topology: Topology, collective: str, size_bytes: float, target: str = "executor"
                   ) -> tuple[int, ...]:
-    """Pieces per rank worth trying: one (fewest messages: best at small sizes), and the fewest powers of two for
+    """Pieces per rank worth trying: one (fewest messages: best at small sizes), and the fewest power of two for
     which the last piece's trip through its node (``G - 1`` sends from one GPU) costs at most
-    :data:`PIPELINE_SHARE` of the pipelined time (:class:`Volumes`), and twice that; each capped so that the
+    :data:`PIPELINE_SHARE` of the pipelined time (:class:`Volumes`), capped so that the
     busiest connection's messages (with a dependency step each) fit :data:`SPREAD_CHANNELS` threadblocks of the
     target's steps and the program holds at most :data:`MAX_TRANSFERS` transfers."""
     name = normalize_name(collective)
@@ -312,7 +325,24 @@ def piece_options(topology: Topology, collective: str, size_bytes: float, target
     c = 1
     while fits(2 * c) and tail_us(c) > PIPELINE_SHARE * load.time_us:
         c *= 2
-    return tuple(sorted({1, c} | ({2 * c} if c > 1 and fits(2 * c) else set())))
+    return tuple(sorted({1, c}))
+
+
+def cross_pieces(topology: Topology, collective: str, pieces: int, nodes: NodeTrees) -> int:
+    """How many of a shard's ``pieces`` should also go straight to another rail (:meth:`HierarchyPlan.crosses`),
+    so that NICs and node ports finish together: where the node ports are the bottleneck (two nodes of an
+    NVSwitch machine: each GPU passes on 7/8 of the buffer at 450 GB/s but its NIC only 1/16 at 50 GB/s), a
+    NIC copy to another rail takes one node send off. Balancing ``(K-1)(1+x)/nic = ((G-1)K - (K-1)x)/node``
+    gives the share ``x``; zero where the NICs already bind, where the node is not a star (only a leaf can
+    be skipped) or where the origin has no link to other rails."""
+    name = normalize_name(collective)
+    k, g = topology.num_nodes, topology.gpus_per_node
+    if name == "alltoall" or nodes.kind != "star" or g < 2 or topology.link(0, g + 1) is None:
+        return 0
+    load = volumes(topology, name, 1.0)
+    per_nic, per_node = 1 / load.nic_GBps, 1 / load.node_GBps
+    x = ((g - 1) * k * per_node - (k - 1) * per_nic) / ((k - 1) * (per_nic + per_node))
+    return max(0, min(pieces, round(x * pieces)))
 
 
 def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, target: str = "executor",
@@ -324,7 +354,10 @@ def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, targ
     if name == "alltoall":
         return [HierarchyPlan(RailShape.DIRECT, c, order) for order in AlltoallOrder for c in counts]
     shapes = list(RailShape) if topology.num_nodes > 2 else [RailShape.DIRECT]   # on two nodes they agree
-    return [HierarchyPlan(shape, c) for shape in shapes for c in counts]
+    plans = [HierarchyPlan(shape, c) for shape in shapes for c in counts]
+    trees = node_trees(topology)
+    return plans + [HierarchyPlan(RailShape.DIRECT, c, cross=x) for c in counts
+                    if (x := cross_pieces(topology, name, c, trees))]
 
 
 def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float, root: int | None = None,
@@ -340,7 +373,7 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
     nodes = node_trees(topology)
     plans = hierarchy_plans(topology, collective, size_bytes, target, pieces)
     if executor is None:
-        results = map(_compose_and_replay, *zip(*[(topology, collective, p, size_bytes, root, nodes) for p in plans]))
+        results = (_compose_and_replay(topology, collective, p, size_bytes, root, nodes) for p in plans)
     else:
         futures = [executor.submit(_compose_and_replay, topology, collective, p, size_bytes, root, nodes)
                    for p in plans]
