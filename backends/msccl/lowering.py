@@ -103,21 +103,21 @@ def _plan_ops(schedule: Schedule, fuse: bool):
             if first_after is not None and first_after.op == last.op:
                 fused_with[first_after] = last
 
-    touched_by_rank = defaultdict(set)   # indexed once: scanning every transfer per (rank, chunk) was quadratic
-    for rk, c in list(recvs_at) + list(sends_at):
-        touched_by_rank[rk].add(c)
-    fused_sends = defaultdict(dict)      # (rank, chunk) -> {receive: the send fused into it}
+    fused_at = defaultdict(dict)     # (rank, chunk) -> {receive: the send fused into it}
     for send, recv in fused_with.items():
-        fused_sends[(send.src, send.chunk)][recv] = send
+        fused_at[(send.src, send.chunk)][recv] = send
+    touched_at = defaultdict(set)    # rank -> chunks it receives or sends
+    for rank, chunk in list(recvs_at) + list(sends_at):
+        touched_at[rank].add(chunk)
     for plan in plans:
         r = plan.rank
-        touched = sorted(touched_by_rank[r])
+        touched = sorted(touched_at[r])
         for chunk in touched:
             recvs = recvs_at.get((r, chunk), [])
             sends = sends_at.get((r, chunk), [])
             home = plan.home(chunk)
             own = plan.own_input(chunk)
-            fused_send = fused_sends.get((r, chunk), {})
+            fused_send = fused_at.get((r, chunk), {})
             partial = own  # where this rank's current partial sum of a reduced chunk lives
             for t in recvs:
                 send = fused_send.get(t)
@@ -153,7 +153,7 @@ def _plan_ops(schedule: Schedule, fuse: bool):
         for c in coll.chunks:  # chunks a rank holds and outputs but never moves (e.g. a gather root's own)
             out = c.output_index(r)
             own = c.input_index(r)
-            if out is not None and own is not None and c.id not in touched_by_rank[r] and not coll.combining:
+            if out is not None and own is not None and c.id not in touched_at[r] and not coll.combining:
                 plan.ops.append(_Op("cpy", None, None, ("i", own), ("o", out), _position(-1, 0, c.id, r)))
     return plans, layout
 
@@ -306,9 +306,9 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
     previous = {}
     for op in sorted((o for o in ops if o.send is not None), key=lambda o: o.position):
         link = topology.link(op.send.src, op.send.dst)
-        if link is None or link.switch is None:
+        if link is None or not link.ports:
             continue
-        port = (link.switch, link.egress_port)
+        port = link.ports[0]         # the sender's egress port
         before = previous.get(port)
         if before is not None and before.tb_key != op.tb_key and before not in op.deps:
             op.deps = tuple(d for d in op.deps if d.tb_key != before.tb_key) + (before,)

@@ -73,7 +73,7 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
                                "and _-.,:=+()")
         text = render_msccl_xml(program)
         try:
-            report = check_text(text, f"<{label} lowering>", target)
+            report = check_text(text, f"<{label} lowering>", target, sms=topology.sms_per_gpu)
         except InputError as exc:   # our own text does not parse back: a bug, never written
             failures.append((f"{label} lowering does not parse back: {exc}", False))
             continue

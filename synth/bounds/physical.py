@@ -206,23 +206,29 @@ def flow_network(topology: Topology) -> nx.DiGraph:
     port)``. A switch whose ports each serve one rank gets one ``("hub", switch)`` node between its egress and
     ingress nodes (a path back to the same port would be a cycle, which no flow needs); a switch with shared
     ports (a NIC) links every egress node to every other port's ingress node, so ranks on one port cannot
-    reach each other through it.
+    reach each other through it. A spine's port is fed by its leaf's egress nodes and feeds the leaf's ingress
+    nodes (the uplink is shared by the whole leaf), and the spine is a hub between its ports.
     """
     g = nx.DiGraph()
     g.add_nodes_from(range(topology.num_ranks))
-    for link in topology.links:
-        if link.switch is None:
-            _add_capacity(g, link.src, link.dst, link.capacity_GBps)
+    for link in topology.direct_links():
+        _add_capacity(g, link.src, link.dst, link.capacity_GBps)
+    by_name = {sw.name: sw for sw in topology.switches}
     for sw in topology.switches:
-        shared = any(len(p.ranks) > 1 for p in sw.ports)
+        shared = not sw.is_spine and any(len(p.ranks) > 1 for p in sw.ports)
         for p, port in enumerate(sw.ports):
             eg, eg_out = ("egress", sw.name, p), ("egress-out", sw.name, p)
             ing, ing_out = ("ingress", sw.name, p), ("ingress-out", sw.name, p)
             _add_capacity(g, eg, eg_out, port.egress_GBps)
             _add_capacity(g, ing, ing_out, port.ingress_GBps)
-            for r in port.ranks:
-                g.add_edge(r, eg)
-                g.add_edge(ing_out, r)
+            if port.switch:
+                for q in range(len(by_name[port.switch].ports)):
+                    g.add_edge(("egress-out", port.switch, q), eg)
+                    g.add_edge(ing_out, ("ingress", port.switch, q))
+            else:
+                for r in port.ranks:
+                    g.add_edge(r, eg)
+                    g.add_edge(ing_out, r)
             if not shared:
                 g.add_edge(eg_out, ("hub", sw.name))
                 g.add_edge(("hub", sw.name), ing)

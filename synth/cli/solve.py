@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from synth.cli._common import MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, check_root, echo_err, solver_options
+from synth.cli._common import MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, check_root, echo_err, nodes_option, solver_options
 from synth.errors import InputError
 from synth.fileio import OutputPlan
 from synth.model.collectives import COLLECTIVES, normalize_name
@@ -20,8 +20,7 @@ from synth.units import format_size, parse_size
 @click.argument("collective", type=click.Choice(COLLECTIVES + ("reduce_scatter",), case_sensitive=False),
                 metavar="COLLECTIVE")
 @click.option("--topology", "-t", required=True, help="Built-in topology name (see `synth topo list`) or JSON file.")
-@click.option("--nodes", type=click.IntRange(1, MAX_RANKS), default=1, show_default=True,
-              help="Compose this many copies of a single-node topology through their NICs.")
+@nodes_option("Compose this many copies of a single-node topology through their NICs.")
 @click.option("--size", default="1MB", show_default=True,
               help="Per-rank buffer size as nccl-tests prints it (e.g. 64KB, 1MB, 1GB); sets the predicted time.")
 @click.option("--method", type=click.Choice(METHODS), default="auto", show_default=True,
@@ -53,7 +52,8 @@ from synth.units import format_size, parse_size
                    "report compares with the best one).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
 @solver_options
-def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chunks, root, output, schedule_out,
+def solve(collective, topology, nodes, fabric, oversubscription, size, method, sketch, steps, rounds, chunks, root,
+          output, schedule_out,
           target, proto, min_bytes, max_bytes, write_model, no_baseline, as_json, time_limit, mip_gap, threads,
           seed):
     """Synthesize COLLECTIVE on a topology, verify it by replay, and write MSCCL XML.
@@ -80,7 +80,7 @@ def solve(collective, topology, nodes, size, method, sketch, steps, rounds, chun
     size_bytes = parse_size(size)
     if min_bytes > max_bytes:
         raise InputError("--min-bytes", "", f"{min_bytes} is larger than --max-bytes {max_bytes}")
-    topo = load_topology(topology, nodes)
+    topo = load_topology(topology, nodes, fabric, oversubscription)
     options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
     request = SynthesisRequest(topo, name, size_bytes, root, method, sketch, steps, rounds, chunks, options,
                                include_baselines=not no_baseline, target=target)

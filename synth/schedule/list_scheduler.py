@@ -96,8 +96,7 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     n = len(table.chunk)
     nlinks = len(topology.links)
     clock = LinkClock(topology)
-    link_ports = [((l.switch, l.egress_port, "egress"), (l.switch, l.ingress_port, "ingress"))
-                  if l.switch is not None else () for l in topology.links]
+    link_ports = [l.ports for l in topology.links]
     port_bw = topology.port_capacity()
     inter = [topology.node_of(l.src) != topology.node_of(l.dst) for l in topology.links]
     own = [False] * n
@@ -213,9 +212,7 @@ def number_steps(topology: Topology, link: np.ndarray, pred: np.ndarray, order) 
     for i in order:
         li = int(link[i])
         l = topology.links[li]
-        keys = [("l", li)]
-        if l.switch is not None:
-            keys += [("p", l.switch, l.egress_port, "e"), ("p", l.switch, l.ingress_port, "i")]
+        keys = [("l", li), *l.ports]
         s = steps[pred[i]] + 1 if pred[i] >= 0 else 0
         for k in keys:
             s = max(s, last.get(k, -1) + 1)
