@@ -40,7 +40,7 @@ from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
-from synth.schedule.ir import Schedule
+from synth.schedule.ir import Schedule, Transfer
 from synth.schedule.replay import ReplayReport, verify
 from synth.synthesis.baselines.plans import Edge, Routes, check_links, order_plans, plan_collective
 from synth.text_enum import TextEnum
@@ -196,6 +196,32 @@ class HierarchyRoutes(Routes):
             return self._local_path(n, i, j) + [(self.rank(n, j), dst)]
         return [(src, self.rank(m, i))] + self._local_path(m, i, j)
 
+    def explicit(self, collective):
+        """Alltoall in rounds ``(d, e, piece)``: every GPU ``(n, i)`` sends to ``(n + d, i + e)`` (nodes and
+        local ranks modulo K and G), so in each round every NIC sends exactly one block and receives exactly one
+        (a Latin square: the ports never wait on each other, where first-come-first-served booking of a NIC's
+        egress and the receiver's ingress leaves holes, 73% of the limit on 4 nodes). Each hop of a path takes
+        the next step. Other collectives: None (ordered by :func:`order_plans`)."""
+        if collective.name != "alltoall":
+            return None
+        k, g, c, n_ranks = self.k, self.g, collective.chunks_per_rank, collective.num_ranks
+        transfers, step = [], 0
+        for d in range(k):
+            for e in range(g):
+                if d == e == 0:
+                    continue
+                for piece in range(c):
+                    depth = 0
+                    for src in range(n_ranks):
+                        (n, i) = divmod(src, g)
+                        dst = self.rank((n + d) % k, (i + e) % g)
+                        chunk = (src * n_ranks + dst) * c + piece
+                        edges = self.path(src, dst, piece)
+                        transfers += [Transfer(chunk, u, v, step + h) for h, (u, v) in enumerate(edges)]
+                        depth = max(depth, len(edges))
+                    step += depth
+        return transfers
+
     def _local_path(self, node: int, i: int, j: int) -> list[Edge]:
         """The node tree of origin ``i`` down to ``j``, in node ``node``."""
         parent = {v: u for u, v in self.nodes.edges[i]}
@@ -241,9 +267,11 @@ def compose(topology: Topology, collective: str, plan: HierarchyPlan, size_bytes
     check_applicable(topology, name)
     routes = HierarchyRoutes(topology, plan, nodes or node_trees(topology))
     coll = make_collective(name, topology.num_ranks, plan.pieces, root)
-    plans = plan_collective(coll, routes)
-    check_links(plans, topology, "hierarchy")
-    transfers = order_plans(plans, topology, coll.chunk_bytes(size_bytes))
+    transfers = routes.explicit(coll)
+    if transfers is None:
+        plans = plan_collective(coll, routes)
+        check_links(plans, topology, "hierarchy")
+        transfers = order_plans(plans, topology, coll.chunk_bytes(size_bytes))
     steps = 1 + max((t.step for t in transfers), default=-1)
     return Schedule(coll, topology.name, tuple(transfers), steps, method="hierarchy",
                     notes={"hierarchy": routes.describe(), "plan": plan.label(name)})
@@ -289,8 +317,11 @@ def volumes(topology: Topology, collective: str, size_bytes: float) -> Volumes:
     """The :class:`Volumes` of a composition of ``collective`` at ``size_bytes`` (nccl-tests' size)."""
     name = normalize_name(collective)
     k, g = topology.num_nodes, topology.gpus_per_node
-    cross = [l.capacity_GBps for l in topology.links if topology.node_of(l.src) != topology.node_of(l.dst)]
-    inside = [l.capacity_GBps for l in topology.links if topology.node_of(l.src) == topology.node_of(l.dst)]
+    # rail links of node 0 to node 1 and node 0's own links: every node and rail is a copy (links through a
+    # fabric are made on demand, so the others are not looked at)
+    cross = [topology.link(i, g + i).capacity_GBps for i in range(g)]
+    inside = [topology.link(u, v).capacity_GBps for u in range(g) for v in range(g)
+              if u != v and topology.link(u, v) is not None]
     shard = make_collective(name, topology.num_ranks, 1).chunk_bytes(size_bytes)   # one rank's part, or a pair's
     rail, node = k - 1, (g - 1) * k
     if name == "alltoall":
