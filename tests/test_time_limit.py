@@ -164,3 +164,16 @@ def test_cli_tiny_limit_writes_a_verified_plan_and_says_the_limit_cut_the_search
     assert "status time-limit: the 0.5 s limit cut the search" in r.stderr
     check = CliRunner().invoke(main, ["check", str(out), "--target", "executor"])
     assert check.exit_code == 0, check.output
+
+
+def test_hierarchy_stops_composing_at_the_deadline_and_counts_its_sub_problems():
+    from synth.synthesis.hierarchy import hierarchy_plans, synthesize_hierarchy
+
+    topology = load_topology("dgx-h100", nodes=4)
+    assert len(hierarchy_plans(topology, "allgather", 1 << 20)) > 1
+    messages = []
+    found = synthesize_hierarchy(topology, "allgather", 1 << 20, progress=messages.append,
+                                 deadline=expired_deadline())
+    total = len(hierarchy_plans(topology, "allgather", 1 << 20))
+    assert len(found) == 1 and messages[0].startswith(f"  [1/{total}] ")
+    assert messages[1] == f"  time limit reached: {total - 1} composition(s) not tried"
