@@ -164,7 +164,7 @@ def plot(rows: list[dict], stem: Path) -> list[Path]:
     series: dict[str, list[tuple[int, float]]] = {}
     for r in rows:
         if r.get("gpus"):
-            series.setdefault(f"{r['topology'].split('x')[0]} {r['collective']} {r['size']}", []).append(
+            series.setdefault(f"{r['topology'].rsplit('x', 1)[0]} {r['collective']} {r['size']}", []).append(
                 (r["gpus"], r["wall_s"]))
     for label, points in sorted(series.items()):
         points.sort()
@@ -203,7 +203,12 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=300.0, help="synth solve --time-limit per case (s)")
     parser.add_argument("--no-check", action="store_true", help="skip synth check on the written files")
     parser.add_argument("--out", default="scale", help="name of the JSON (and plot) in benchmarks/results")
+    parser.add_argument("--replot", action="store_true", help="only redraw the plot of an existing --out JSON")
     args = parser.parse_args()
+    if args.replot:
+        rows = json.loads((RESULTS / f"{args.out}.json").read_text())["rows"]
+        print("wrote " + ", ".join(str(p) for p in plot(rows, RESULTS / args.out)))
+        return
     if args.quick:
         args.nodes = [k for k in args.nodes if k <= 4]
         args.sizes = ["1MB"] if args.sizes == SIZES else args.sizes
