@@ -207,6 +207,7 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
                 break
         else:
             unplaced.extend(chain)   # no channel left: these are unfused by the caller
+    unplaced += [op for op in fused_ops if id(op) not in visited]   # a cycle of fused ops has no head
     # Transfers carried on a fused channel must use that channel at their other end too.
     transfer_chan = dict(spread or {})
     for plan in plans:
@@ -221,7 +222,8 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
             if op.kind == "cpy":
                 op.tb_key = (0, -1, -1)
             elif op.recv is not None and op.send is not None:
-                op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
+                if id(op) in channel_of:     # else unplaced: the caller unfuses it and assigns again
+                    op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
             elif op.recv is not None:
                 ch = transfer_chan.get(op.recv, 0)
                 partner = used[(r, ch)].get(("in", op.recv.src), -1) if ch else -1
