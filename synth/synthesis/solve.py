@@ -130,8 +130,11 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     def is_baseline(c: Candidate) -> bool:
         return any(c is b for b in baselines)
 
+    def may_win(c: Candidate) -> bool:
+        return may_fall_back or not is_baseline(c)
+
     def eligible(w: WrittenCandidate) -> bool:
-        return may_fall_back or not is_baseline(w.candidate)
+        return may_win(w.candidate)
 
     time_limited = request.search_deadline.expired
     written: list[WrittenCandidate] = []
@@ -153,8 +156,7 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
                     break
             # out of time with nothing written yet: the smallest program first (the quickest to write, and
             # the likeliest to fit the runtime)
-            pending.sort(key=lambda c: (not (may_fall_back or not is_baseline(c)),
-                                        len(c.result.schedule.transfers), c.report.time_us))
+            pending.sort(key=lambda c: (not may_win(c), len(c.result.schedule.transfers), c.report.time_us))
         candidate = pending.pop(0)
         if candidate.report.time_us >= best and not is_baseline(candidate):
             continue                        # its optimistic replay is already slower than a simulated file
