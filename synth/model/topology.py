@@ -145,6 +145,17 @@ class Nic:
 
 
 @dataclass(frozen=True)
+class LinkArrays:
+    """A topology's links as parallel numpy arrays: ``src``, ``dst`` (int64 ranks), ``alpha_us`` and
+    ``capacity_GBps`` (all lanes), in link order."""
+
+    src: object
+    dst: object
+    alpha_us: object
+    capacity_GBps: object
+
+
+@dataclass(frozen=True)
 class Topology:
     """A machine (one or more nodes) as the synthesizer sees it.
 
@@ -185,12 +196,21 @@ class Topology:
 
     def link_endpoints(self):
         """``(src, dst)``: int64 numpy arrays of every link's ends, in link order."""
+        arrays = self.link_arrays()
+        return arrays.src, arrays.dst
+
+    def link_arrays(self) -> LinkArrays:
+        """Every link's ends, latency and capacity as numpy arrays (in link order), without making the links of
+        a composed cluster one by one."""
         import numpy as np
 
         if not isinstance(self.links, tuple):
-            return self.links.endpoints()
-        return (np.fromiter((l.src for l in self.links), np.int64, len(self.links)),
-                np.fromiter((l.dst for l in self.links), np.int64, len(self.links)))
+            return self.links.arrays()
+        count = len(self.links)
+        return LinkArrays(np.fromiter((l.src for l in self.links), np.int64, count),
+                          np.fromiter((l.dst for l in self.links), np.int64, count),
+                          np.fromiter((l.alpha_us for l in self.links), float, count),
+                          np.fromiter((l.capacity_GBps for l in self.links), float, count))
 
     def link_indices(self, src, dst):
         """Positions of the links ``src[k] -> dst[k]`` (numpy arrays of ranks, any shape); -1 where none."""
