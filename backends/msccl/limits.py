@@ -1,7 +1,7 @@
 """The MSCCL runtimes' limits, checked in one place (DESIGN section 7).
 
-Channels, steps per threadblock, ``cnt``, ``depid``, threadblocks per (peer, channel, direction) and per channel,
-and buffer offsets. ``synth check`` (through :mod:`backends.msccl.lint`), the verified writer and run planning
+Channels, steps per threadblock, ``cnt``, ``depid``, threadblocks per (peer, channel, direction), per channel and
+per GPU (all of a GPU's threadblocks are co-resident, one per SM, so at most its SM count), and buffer offsets. ``synth check`` (through :mod:`backends.msccl.lint`), the verified writer and run planning
 (:mod:`synth.runtime.program_buffers`) all judge a program with these rules; the interpreter reports a second
 threadblock on a connection with :func:`connection_findings` and ``cnt`` outside the same range. Every rule returns :class:`~backends.msccl.findings.Finding` objects naming the runtimes it
 concerns, so a caller keeps the ones of its target (:func:`backends.msccl.lint.for_target`).
@@ -33,7 +33,7 @@ MAX_DEPID = 127                    # depid is stored in a signed byte
 INT16_MAX = 32767                  # srcoff/dstoff are int16
 
 # Findings that say "the runtime cannot hold this program" (rather than "the program is wrong").
-LIMIT_KINDS = frozenset({"steps-per-tb", "channel", "step-cnt", "tb-connection"})
+LIMIT_KINDS = frozenset({"steps-per-tb", "channel", "step-cnt", "tb-connection", "tbs-per-gpu"})
 EXECUTOR, LEGACY = ("executor",), ("legacy",)
 
 # Which of a step's buffer references the executing GPU touches locally, by step type.
@@ -46,11 +46,11 @@ def max_steps(target: str) -> int:
     return MAX_STEPS_EXECUTOR if target == "executor" else MAX_STEPS_LEGACY
 
 
-def runtime_limits(program: MscclProgram) -> list[Finding]:
-    """Every limit the program breaks, in program order."""
+def runtime_limits(program: MscclProgram, sms: int | None = None) -> list[Finding]:
+    """Every limit the program breaks, in program order; ``sms``: the GPU's SM count (None: unknown)."""
     out = nchannels_findings(program)
     for gpu in program.gpus:
-        out += connection_findings(gpu)
+        out += connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms)
         limits = buffer_limits(program, gpu)
         for tb in gpu.tbs:
             out += tb_limit_findings(program, gpu, tb)
@@ -90,6 +90,15 @@ def connection_findings(gpu: Gpu) -> list[Finding]:
             out.append(Finding("tb-connection", f"{count} tbs {direction} on channel {chan}; at most "
                                f"{MAX_TBS_PER_CHANNEL_DIRECTION}", gpu=gpu.id, line=gpu.line))
     return out
+
+
+def tbs_per_gpu_findings(gpu: Gpu, sms: int | None) -> list[Finding]:
+    """All of a GPU's threadblocks run at once, one per SM (both runtimes launch them as one grid and they wait
+    on each other), so a GPU holds at most ``sms`` of them; nothing is checked when ``sms`` is None."""
+    if sms is None or len(gpu.tbs) <= sms:
+        return []
+    return [Finding("tbs-per-gpu", f"{len(gpu.tbs)} threadblocks; all must be co-resident (one per SM) and the "
+                    f"GPU has {sms} SMs, so at most {sms}", gpu=gpu.id, line=gpu.line)]
 
 
 def tb_limit_findings(p: MscclProgram, gpu: Gpu, tb: Threadblock) -> list[Finding]:

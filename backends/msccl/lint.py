@@ -32,7 +32,7 @@ from backends.msccl import conventions
 from backends.msccl.ir import (COLL_SPELLING, LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, PROTOCOLS, STEP_TYPES, Gpu,
                                MscclProgram, Step, Threadblock)
 from backends.msccl.limits import (MAX_DEPID, buffer_findings, buffer_limits, connection_findings, nchannels_findings,
-                                   step_limit_findings, tb_limit_findings)
+                                   step_limit_findings, tb_limit_findings, tbs_per_gpu_findings)
 
 from synth.errors import InputError
 from backends.msccl.findings import RUNTIMES, Finding
@@ -55,7 +55,8 @@ STRUCTURAL_KINDS = frozenset({"gpu-ids", "tb-ids", "tb-peer", "dependency", "ste
 _COLLS = ("allgather", "allreduce", "alltoall", "broadcast", "reduce", "gather", "scatter", "custom")
 
 
-def lint_program(program: MscclProgram, target: str = "both", *, cap: bool = True) -> list[Finding]:
+def lint_program(program: MscclProgram, target: str = "both", *, cap: bool = True,
+                 sms: int | None = None) -> list[Finding]:
     """Check one program against the runtime limits and rules of DESIGN section 7.
 
     Parameters
@@ -67,6 +68,9 @@ def lint_program(program: MscclProgram, target: str = "both", *, cap: bool = Tru
     cap : bool
         Keep at most :data:`MAX_FINDINGS_PER_KIND` per rule plus one summary per rule (see
         :func:`cap_findings`); False returns every finding, e.g. to count them.
+    sms : int or None
+        The GPU's SM count: more threadblocks on a GPU is an error. None (unknown GPU): a warning above
+        :data:`TYPICAL_MIN_SMS`.
 
     Returns
     -------
@@ -78,7 +82,7 @@ def lint_program(program: MscclProgram, target: str = "both", *, cap: bool = Tru
     for rule in (_algo_attributes, _algo_values, _selection, _gpu_ids, _legacy_buffer_chunks):
         raw.extend(rule(program))
     for gpu in program.gpus:
-        raw.extend(_gpu_findings(program, gpu))
+        raw.extend(_gpu_findings(program, gpu, sms))
     findings = for_target(raw, target)
     return cap_findings(findings) if cap else findings
 
@@ -266,9 +270,9 @@ def _gpu_ids(p: MscclProgram) -> list[Finding]:
 
 # --- gpu-, tb- and step-level rules -----------------------------------------------------------------------
 
-def _gpu_findings(p: MscclProgram, gpu: Gpu) -> list[Finding]:
-    out = _tb_ids(gpu) + connection_findings(gpu)
-    if len(gpu.tbs) > TYPICAL_MIN_SMS:
+def _gpu_findings(p: MscclProgram, gpu: Gpu, sms: int | None) -> list[Finding]:
+    out = _tb_ids(gpu) + connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms)
+    if sms is None and len(gpu.tbs) > TYPICAL_MIN_SMS:
         out.append(Finding("tb-count", f"{len(gpu.tbs)} threadblocks; all must be co-resident (one per SM) and "
                            f"some GPUs have only {TYPICAL_MIN_SMS} SMs", "warning", gpu=gpu.id, line=gpu.line))
     signals = {tb.id: _next_index(tb.steps, lambda st: st.hasdep and st.type != "nop") for tb in gpu.tbs}

@@ -103,15 +103,21 @@ def _plan_ops(schedule: Schedule, fuse: bool):
             if first_after is not None and first_after.op == last.op:
                 fused_with[first_after] = last
 
+    fused_at = defaultdict(dict)     # (rank, chunk) -> {receive: the send fused into it}
+    for send, recv in fused_with.items():
+        fused_at[(send.src, send.chunk)][recv] = send
+    touched_at = defaultdict(set)    # rank -> chunks it receives or sends
+    for rank, chunk in list(recvs_at) + list(sends_at):
+        touched_at[rank].add(chunk)
     for plan in plans:
         r = plan.rank
-        touched = sorted({c for (rk, c) in list(recvs_at) + list(sends_at) if rk == r})
+        touched = sorted(touched_at[r])
         for chunk in touched:
             recvs = recvs_at.get((r, chunk), [])
             sends = sends_at.get((r, chunk), [])
             home = plan.home(chunk)
             own = plan.own_input(chunk)
-            fused_send = {v: k for k, v in fused_with.items() if k.src == r and k.chunk == chunk}
+            fused_send = fused_at.get((r, chunk), {})
             partial = own  # where this rank's current partial sum of a reduced chunk lives
             for t in recvs:
                 send = fused_send.get(t)
@@ -147,15 +153,17 @@ def _plan_ops(schedule: Schedule, fuse: bool):
         for c in coll.chunks:  # chunks a rank holds and outputs but never moves (e.g. a gather root's own)
             out = c.output_index(r)
             own = c.input_index(r)
-            if out is not None and own is not None and c.id not in touched and not coll.combining:
+            if out is not None and own is not None and c.id not in touched_at[r] and not coll.combining:
                 plan.ops.append(_Op("cpy", None, None, ("i", own), ("o", out), _position(-1, 0, c.id, r)))
     return plans, layout
 
 
-def _assign_threadblocks(plans, spread: dict | None = None) -> list:
+def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, group: int = 1) -> list:
     """Give every op a threadblock key (chan, recv peer, send peer); returns fused ops that found no channel.
 
-    ``spread`` (plain lowering only) maps transfers to the channel they travel on, to split long connections.
+    ``spread`` maps transfers to the channel they travel on, to split long connections. ``replicas`` > 1 splits
+    the fused chains by chunk (:func:`spread_index`) into that many sets on disjoint channels: each threadblock
+    of a chain then holds about 1/``replicas`` of its steps.
     """
     # Chains of fused ops: follow each fused op's outgoing transfer to the op that receives it.
     recv_op = {}
@@ -170,17 +178,26 @@ def _assign_threadblocks(plans, spread: dict | None = None) -> list:
     fed_by_fused = {op.send for op in fused_ops}
     heads = [op for op in fused_ops if op.recv not in fed_by_fused]
     visited = set()
+    chains = []
     for start in sorted(heads, key=lambda o: (o.position, o.recv.dst)):
         if id(start) in visited:
             continue
         chain = [start]
+        in_chain = {id(start)}
         nxt = recv_op.get(start.send)
-        while nxt is not None and nxt.send is not None and id(nxt) not in visited and nxt not in chain:
+        while nxt is not None and nxt.send is not None and id(nxt) not in visited and id(nxt) not in in_chain:
             chain.append(nxt)
+            in_chain.add(id(nxt))
             nxt = recv_op.get(nxt.send)
         for op in chain:
             visited.add(id(op))
+        chains.append(chain)
+    replica_of_channel: dict[int, int] = {}
+    for chain in chains:
+        replica = spread_index(chain[0].recv.chunk, replicas, group)
         for ch in range(1, MAX_CHANNELS):
+            if replica_of_channel.setdefault(ch, replica) != replica:
+                continue
             if all(_fits(used[(op.recv.dst, ch)], op.recv.src, op.send.dst) for op in chain):
                 for op in chain:
                     slots = used[(op.recv.dst, ch)]
@@ -252,20 +269,22 @@ def _connection_orders_agree(plans) -> list:
 
 def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = None, target: str = "executor",
                    proto: str = "Simple", name: str | None = None, min_bytes: int = 0,
-                   max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1) -> MscclProgram:
+                   max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1,
+                   group: int = 1) -> MscclProgram:
     """Lower a verified Schedule to an MSCCL program (threadblocks, channels, steps, dependencies).
 
     ``topology`` and ``size_bytes`` are accepted for a uniform backend signature; the program itself does not
-    depend on them (MSCCL selects it by size range through ``min_bytes``/``max_bytes``). ``channels`` > 1 (plain
-    lowering) sends the k-th message of every connection on channel ``k % channels``, so each threadblock holds
-    a share of a long connection's steps (the executor runs at most 64 per threadblock).
+    depend on them (MSCCL selects it by size range through ``min_bytes``/``max_bytes``). ``channels`` > 1 sends
+    groups of ``group`` consecutive chunks round robin over that many channels (fused: over that many sets of
+    channels), so each threadblock holds a share of a long connection's steps (the executor runs at most 64 per
+    threadblock); :mod:`backends.msccl.merge` can then merge each group into one step.
     """
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
     plans, layout = _plan_ops(schedule, fuse)
-    spread = None if fuse or channels <= 1 else _spread_over_channels(schedule, channels)
+    spread = None if channels <= 1 else _spread_over_channels(schedule, channels, group)
     for _ in range(8):
-        bad = _assign_threadblocks(plans, spread)
+        bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
         bad = bad or _connection_orders_agree(plans)
         if not bad:
             break
@@ -275,7 +294,7 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
             plan.ops.extend(extra)
     else:
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
-                              channels)
+                              channels, group)
     coll = schedule.collective
     peers = _PeerSlots({op.send: op.src for plan in plans for op in plan.ops if op.send is not None},
                        {op.recv: op.dst for plan in plans for op in plan.ops if op.recv is not None})
@@ -309,14 +328,19 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
         previous[port] = op
 
 
-def _spread_over_channels(schedule: Schedule, channels: int) -> dict:
-    """Channel of every transfer: its position on its connection, round robin (both ends see one order)."""
-    count = defaultdict(int)
-    chan = {}
-    for t in schedule.ordered():
-        chan[t] = count[(t.src, t.dst)] % channels
-        count[(t.src, t.dst)] += 1
-    return chan
+def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1) -> dict:
+    """Channel of every transfer: :func:`spread_index` of its chunk (both ends of a connection agree)."""
+    return {t: spread_index(t.chunk, channels, group) for t in schedule.transfers}
+
+
+def spread_index(chunk: int, channels: int, group: int = 1) -> int:
+    """Which of ``channels`` a chunk travels on: groups of ``group`` consecutive chunks, round robin.
+
+    Round robin keeps each channel's messages in the schedule's order (a pipelined schedule sends its chunks
+    in order, so every channel progresses alike, as planned); groups of consecutive chunks stay on one channel,
+    so they can merge into one step of ``cnt = group`` (:mod:`backends.msccl.merge` cuts at the same multiples).
+    """
+    return (chunk // max(1, group)) % channels
 
 
 def channels_needed(program: MscclProgram, target: str = "executor") -> int:

@@ -52,22 +52,23 @@ class FileReport:
 
 
 def check_text(text: str, source: str, target: str = "both", collective: str | None = None,
-               fifo_depth: int | None = None) -> FileReport:
+               fifo_depth: int | None = None, sms: int | None = None) -> FileReport:
     """Parse, lint and execute MSCCL XML text; raises the parser's XmlError when it is not readable.
 
     ``collective`` overrides the file's ``coll`` (``custom``: no postcondition); ``fifo_depth`` as in
-    :func:`~backends.msccl.interpret.execute_program`.
+    :func:`~backends.msccl.interpret.execute_program`; ``sms``: the GPU's SM count, which bounds its
+    threadblocks (None: unknown).
     """
     document = parse_msccl_document(text, source)
     file_findings = tuple(for_target(lint_text(text, source), target)) + document.notes
-    algos = tuple(check_program(p, target, collective, fifo_depth) for p in document.programs)
+    algos = tuple(check_program(p, target, collective, fifo_depth, sms) for p in document.programs)
     return FileReport(source, target, file_findings, algos)
 
 
 def check_program(program: MscclProgram, target: str = "both", collective: str | None = None,
-                  fifo_depth: int | None = None) -> AlgoReport:
+                  fifo_depth: int | None = None, sms: int | None = None) -> AlgoReport:
     """Lint one program, then execute it unless the lint found structural errors."""
-    findings = lint_program(program, target, cap=False)
+    findings = lint_program(program, target, cap=False, sms=sms)
     executed = not blocks_execution(findings)
     if executed:
         result = execute_program(program, collective=collective, fifo_depth=fifo_depth)

@@ -10,7 +10,9 @@ import json
 
 import click
 
+from synth.errors import InputError
 from synth.model.collectives import COLLECTIVES, normalize_name
+from synth.model.topology import MAX_SMS_PER_GPU
 from backends.msccl.findings import Finding
 from backends.msccl.lint import TARGETS, cap_findings
 from synth.cli._common import EXIT_BAD_INPUT, MAX_FIFO_DEPTH
@@ -29,20 +31,38 @@ CUSTOM = "custom"
 @click.option("--fifo-depth", type=click.IntRange(0, MAX_FIFO_DEPTH), default=None,
               help="Messages a connection may hold (0 = rendezvous sends). Default: judge at depth 1 and, "
                    "if that deadlocks, say whether the runtime's depth (2 Simple, 8 LL/LL128) would hang too.")
+@click.option("--sms", type=click.IntRange(1, MAX_SMS_PER_GPU), default=None,
+              help="The GPU's SM count: all threadblocks of a GPU run at once, so more than this is an error "
+                   "(default: the --topology's, else only a warning above 80).")
+@click.option("--topology", "-t", "topology_name", default=None,
+              help="Built-in topology NAME or topology JSON FILE whose GPUs the file is for (their SM count).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
-def check(file, collective, target, fifo_depth, as_json):
+def check(file, collective, target, fifo_depth, sms, topology_name, as_json):
     """Check that the MSCCL XML FILE loads in the MSCCL runtimes and implements its collective."""
     from backends.msccl.parse import read_xml_text
     from backends.msccl.verdict import check_text
 
     name = collective if collective in (None, CUSTOM) else normalize_name(collective)
-    report = check_text(read_xml_text(file), file, target, name, fifo_depth)
+    if sms is None and topology_name is not None:
+        sms = _topology_sms(topology_name)
+    report = check_text(read_xml_text(file), file, target, name, fifo_depth, sms)
     if as_json:
         click.echo(json.dumps(_json_report(file, target, report), indent=1))
     else:
         _print_report(file, report)
     if not report.valid:
         click.get_current_context().exit(EXIT_BAD_INPUT)
+
+
+def _topology_sms(topology_name: str) -> int:
+    """The SM count of the topology's GPUs; refused when the topology does not know it."""
+    from synth.model.topology import load_topology
+
+    topology = load_topology(topology_name)
+    if topology.sms_per_gpu is None:
+        raise InputError(topology_name, "sms_per_gpu", f"topology {topology.name} does not say how many SMs its "
+                         "GPUs have; give --sms N (H100 132, A100 108, V100 80)")
+    return topology.sms_per_gpu
 
 
 def _print_report(file, report) -> None:

@@ -1,0 +1,128 @@
+"""Fitting MSCCL programs into the runtime: the SM ceiling on threadblocks per GPU, merged ``cnt > 1`` steps,
+connections spread over channels, and the fast fit estimate the writer and synthesis use (DESIGN section 7)."""
+
+import json
+from dataclasses import replace
+
+from click.testing import CliRunner
+
+from backends.msccl.limits import runtime_limits
+from backends.msccl.lint import lint_program
+from backends.msccl.verdict import check_program
+from synth.cli import main
+from synth.model.topology import load_topology
+from support.programs import render, ring_allgather
+
+THREE_TBS_MESSAGE = "3 threadblocks; all must be co-resident (one per SM) and the GPU has 2 SMs, so at most 2"
+
+
+# --- SM ceiling ---------------------------------------------------------------------------------------------
+
+def test_more_threadblocks_than_sms_is_a_limit_on_every_gpu():
+    program = ring_allgather(4, channels=3)        # 3 tbs per gpu
+    found = [f for f in runtime_limits(program, sms=2) if f.kind == "tbs-per-gpu"]
+    assert [(f.gpu, f.message, f.runtimes) for f in found] == [(g, THREE_TBS_MESSAGE, ("executor", "legacy"))
+                                                                for g in range(4)]
+    assert runtime_limits(program, sms=3) == []
+    assert runtime_limits(program) == []            # unknown GPU: nothing to check
+
+
+def test_the_verdict_judges_threadblocks_against_the_sms_it_is_given():
+    program = ring_allgather(4, channels=3)
+    assert check_program(program, "executor", sms=3).valid
+    report = check_program(program, "executor", sms=2)
+    assert not report.valid and {str(f) for f in report.findings if f.severity == "error"} == {
+        f"error: tbs-per-gpu: gpu {g}: {THREE_TBS_MESSAGE} (both runtimes)" for g in range(4)}
+
+
+def test_unknown_sms_keeps_the_typical_warning():
+    wide = ring_allgather(2, channels=81)          # 81 tbs per gpu; no SM count given
+    warnings = [f for f in lint_program(wide, "legacy") if f.kind == "tb-count"]
+    assert len(warnings) == 2 and all(f.severity == "warning" for f in warnings)
+    assert not [f for f in lint_program(wide, "legacy", sms=132) if f.kind in ("tb-count", "tbs-per-gpu")]
+
+
+def run_check(*args):
+    return CliRunner().invoke(main, ["check", *map(str, args)])
+
+
+def test_check_takes_the_sm_count_from_an_option_or_a_topology(tmp_path):
+    path = tmp_path / "ring.xml"
+    path.write_text(render(ring_allgather(4, channels=3)))
+    refused = run_check(path, "--target", "executor", "--sms", 2)
+    assert refused.exit_code == 1
+    assert f"{path}:2: error: tbs-per-gpu: gpu 0: {THREE_TBS_MESSAGE} (both runtimes)" in refused.output
+    assert run_check(path, "--target", "executor", "--sms", 3).exit_code == 0
+    topo = tmp_path / "small_gpus.json"
+    topo.write_text(json.dumps(replace(load_topology("ring-4"), sms_per_gpu=2).to_dict()))
+    assert THREE_TBS_MESSAGE in run_check(path, "--target", "executor", "--topology", topo).output
+    assert run_check(path, "--target", "executor", "--topology", "dgx1").exit_code == 0   # 80 SMs
+    unknown = run_check(path, "--topology", "ring-4")
+    assert unknown.exit_code == 1
+    assert "topology ring-4 does not say how many SMs its GPUs have; give --sms N" in unknown.output
+
+
+# --- merged steps and spread connections ---------------------------------------------------------------------
+
+from backends.msccl.fit import Lowering, fit_lowering, plan_fit          # noqa: E402
+from backends.msccl.lowering import lower_to_msccl                        # noqa: E402
+from backends.msccl.merge import merge_contiguous                         # noqa: E402
+from backends.msccl.simulate import simulate_program                      # noqa: E402
+from backends.msccl.writer import emit_verified_xml                       # noqa: E402
+from synth.model.collectives import make_collective                      # noqa: E402
+from synth.schedule.ir import Schedule, Transfer                          # noqa: E402
+
+
+def chain_broadcast(chunks: int, n: int = 4) -> Schedule:
+    """Broadcast from rank 0 down the chain 0 -> 1 -> ... -> n-1 of ring-n, pipelined in ``chunks`` pieces."""
+    transfers = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(chunks) for r in range(n - 1))
+    return Schedule(make_collective("broadcast", n, chunks, 0), f"ring-{n}", transfers, chunks + n - 2)
+
+
+def message_counts(program) -> set[int]:
+    return {st.cnt for g in program.gpus for tb in g.tbs for st in tb.steps if st.type not in ("nop", "cpy")}
+
+
+def test_merged_chain_moves_contiguous_chunks_as_one_step_and_stays_correct():
+    for fuse in (True, False):
+        program = lower_to_msccl(chain_broadcast(16), load_topology("ring-4"), fuse=fuse)
+        merged = merge_contiguous(program, 4)
+        assert message_counts(merged) == {4}
+        assert max(len(tb.steps) for g in merged.gpus for tb in g.tbs) < \
+            max(len(tb.steps) for g in program.gpus for tb in g.tbs)
+        assert check_program(merged, "executor").valid
+        assert check_program(merge_contiguous(program, 4, strict=True), "executor").valid
+
+
+def test_merging_cuts_at_multiples_of_the_cap_so_both_ends_agree():
+    merged = merge_contiguous(lower_to_msccl(chain_broadcast(10), load_topology("ring-4"), fuse=True), 4)
+    assert message_counts(merged) == {4, 2}          # 0-3, 4-7, 8-9 at every rank
+    assert check_program(merged, "executor").valid
+
+
+def test_a_connection_longer_than_a_threadblock_is_written_spread_or_merged():
+    schedule = chain_broadcast(200)                  # 200 messages per connection; the executor holds 64 steps
+    topology = load_topology("ring-4")
+    emitted = emit_verified_xml(schedule, topology, "executor", 1 << 20)
+    assert max(len(tb.steps) for g in emitted.program.gpus for tb in g.tbs) <= 64
+    assert emitted.lowering.channels > 1 and emitted.lowering.max_cnt == 1   # channels first: no pipelining lost
+    unmerged = lower_to_msccl(schedule, topology, fuse=emitted.fused)
+    assert emitted.simulated_us <= simulate_program(unmerged, topology, 1 << 20).time_us * 1.01
+
+
+def test_fit_prefers_channels_and_merges_only_when_the_sms_run_out():
+    schedule = chain_broadcast(200)
+    few_sms = replace(load_topology("ring-4"), sms_per_gpu=2)
+    fit = fit_lowering(schedule, few_sms, "executor", fuse=False)
+    assert fit.fits and fit.tbs_per_gpu <= 2 and fit.steps_per_tb <= 64
+    assert fit.lowering == Lowering(False, 1, fit.lowering.max_cnt) and fit.lowering.max_cnt > 1
+    assert check_program(fit.program, "executor", sms=2).valid
+
+
+def test_fit_names_the_limit_that_rules_a_schedule_out():
+    one_sm = replace(load_topology("ring-4"), sms_per_gpu=1)   # the root copies in one tb and sends in another
+    plan = plan_fit(chain_broadcast(8), one_sm, "executor")
+    assert not plan.ok and [m.lowering.fuse for m in plan.misses] == [True, False]
+    assert plan.reason().startswith("fused lowering: error: tbs-per-gpu: gpu 0: 2 threadblocks; all must be "
+                                    "co-resident (one per SM) and the GPU has 1 SMs, so at most 1 (both runtimes)")
+    assert " / plain lowering: error: tbs-per-gpu: gpu 0: 2 threadblocks" in plan.reason()
