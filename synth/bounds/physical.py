@@ -133,10 +133,10 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
     sources, reverse = _path_searches(name, topology, coll.root)
     _check_work(name, topology, len(sources))
     bw_us, method = bandwidth_bound_us(name, topology, size_bytes, coll.root)
-    paths = _PathGraph.of(topology, reverse)
-    latency_us, hops = paths.diameters(sources, topology.source)
-    chunk_us = paths.farthest(sources, paths.alpha_us + coll.chunk_bytes(size_bytes) /
-                              (paths.capacity_GBps * BYTES_PER_US_PER_GBPS))
+    latency_us, hops = _diameters(topology, sources, reverse)
+    links = topology.link_arrays()
+    chunk_us = _farthest(topology, sources, reverse, links.alpha_us + coll.chunk_bytes(size_bytes) /
+                         (links.capacity_GBps * BYTES_PER_US_PER_GBPS))
     limit = max(bw_us, latency_us)
     binding = "bandwidth" if bw_us >= latency_us else "latency"
     return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, limit, binding, hops, chunk_us, method)
@@ -393,47 +393,28 @@ def _path_searches(name: str, topology: Topology, root: int | None) -> tuple[tup
     return rank_orbit_reps(topology.num_ranks, topology.symmetries), False
 
 
-@dataclass(frozen=True)
-class _PathGraph:
-    """The rank graph as arrays for scipy's shortest paths (a million links fit; a networkx graph of them took
-    half a gigabyte): one edge per rank pair with a link, reversed for searches towards a root."""
+def _distances(topology: Topology, sources, reverse: bool, weights=None) -> np.ndarray:
+    """Shortest paths from ``sources`` (rows) to every rank under per-link ``weights`` (None: hops), on the
+    reversed graph when ``reverse``; scipy on link arrays, since a networkx graph of a million links took half a
+    gigabyte."""
+    from scipy.sparse.csgraph import dijkstra
 
-    num_ranks: int
-    src: np.ndarray
-    dst: np.ndarray
-    alpha_us: np.ndarray
-    capacity_GBps: np.ndarray
-    reverse: bool
+    graph = topology.sparse_graph(weights, reverse)
+    return dijkstra(graph, directed=True, indices=list(sources), unweighted=weights is None).reshape(
+        -1, topology.num_ranks)
 
-    @classmethod
-    def of(cls, topology: Topology, reverse: bool) -> _PathGraph:
-        links = topology.link_arrays()
-        _, first = np.unique(links.src * topology.num_ranks + links.dst, return_index=True)  # first of duplicates
-        src, dst = links.src[first], links.dst[first]
-        if reverse:
-            src, dst = dst, src
-        return cls(topology.num_ranks, src, dst, links.alpha_us[first], links.capacity_GBps[first], reverse)
 
-    def _distances(self, sources, weights: np.ndarray | None) -> np.ndarray:
-        from scipy.sparse import csr_matrix
-        from scipy.sparse.csgraph import dijkstra
+def _farthest(topology: Topology, sources, reverse: bool, weights) -> float:
+    """Max over the pairs the ``sources`` stand for of the shortest path under per-link ``weights``."""
+    return float(_distances(topology, sources, reverse, weights).max())
 
-        n = self.num_ranks
-        data = np.ones(len(self.src)) if weights is None else weights
-        graph = csr_matrix((data, (self.src, self.dst)), shape=(n, n))   # explicit zeros stay edges
-        return dijkstra(graph, directed=True, indices=list(sources), unweighted=weights is None).reshape(-1, n)
 
-    def farthest(self, sources, weights: np.ndarray) -> float:
-        """Max over the pairs the ``sources`` stand for of the shortest path under ``weights`` (per edge)."""
-        return float(self._distances(sources, weights).max())
-
-    def diameters(self, sources, where: str) -> tuple[float, int]:
-        """Max over the pairs the ``sources`` stand for of the shortest alpha path (us) and of the hop
-        distance; ``where`` names the topology when some rank cannot be reached."""
-        hops = self._distances(sources, None)
-        if np.isinf(hops).any():
-            row, col = (int(x[0]) for x in np.nonzero(np.isinf(hops)))
-            s, d = list(sources)[row], col
-            src, dst = (d, s) if self.reverse else (s, d)
-            raise InputError(where, "links", f"rank {dst} cannot be reached from rank {src}; add links")
-        return self.farthest(sources, self.alpha_us), int(hops.max())
+def _diameters(topology: Topology, sources, reverse: bool) -> tuple[float, int]:
+    """Max over the pairs the ``sources`` stand for of the shortest alpha path (us) and of the hop distance."""
+    hops = _distances(topology, sources, reverse)
+    if np.isinf(hops).any():
+        row, col = (int(x[0]) for x in np.nonzero(np.isinf(hops)))
+        s = list(sources)[row]
+        src, dst = (col, s) if reverse else (s, col)
+        raise InputError(topology.source, "links", f"rank {dst} cannot be reached from rank {src}; add links")
+    return _farthest(topology, sources, reverse, topology.link_arrays().alpha_us), int(hops.max())

@@ -178,6 +178,7 @@ class Topology:
     source: str = "<memory>"
     sms_per_gpu: int | None = None
     link_index: dict = field(default=None, compare=False, repr=False)
+    _arrays: LinkArrays | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if isinstance(self.links, tuple):
@@ -204,13 +205,20 @@ class Topology:
         a composed cluster one by one."""
         import numpy as np
 
+        if self._arrays is not None:
+            return self._arrays
         if not isinstance(self.links, tuple):
-            return self.links.arrays()
-        count = len(self.links)
-        return LinkArrays(np.fromiter((l.src for l in self.links), np.int64, count),
-                          np.fromiter((l.dst for l in self.links), np.int64, count),
-                          np.fromiter((l.alpha_us for l in self.links), float, count),
-                          np.fromiter((l.capacity_GBps for l in self.links), float, count))
+            arrays = self.links.arrays()
+        else:
+            count = len(self.links)
+            arrays = LinkArrays(np.fromiter((l.src for l in self.links), np.int64, count),
+                                np.fromiter((l.dst for l in self.links), np.int64, count),
+                                np.fromiter((l.alpha_us for l in self.links), float, count),
+                                np.fromiter((l.capacity_GBps for l in self.links), float, count))
+        for a in (arrays.src, arrays.dst, arrays.alpha_us, arrays.capacity_GBps):
+            a.setflags(write=False)
+        object.__setattr__(self, "_arrays", arrays)
+        return arrays
 
     def link_indices(self, src, dst):
         """Positions of the links ``src[k] -> dst[k]`` (numpy arrays of ranks, any shape); -1 where none."""
@@ -254,16 +262,27 @@ class Topology:
                 caps[PortUse(sw.name, p, Direction.INGRESS)] = port.ingress_GBps
         return caps
 
+    def sparse_graph(self, weights=None, reverse: bool = False):
+        """The rank graph as a scipy CSR matrix for ``scipy.sparse.csgraph``: entry ``[src, dst]`` is ``weights``
+        of the link (an array in link order; default 1) from ``src`` to ``dst`` (``[dst, src]`` when
+        ``reverse``). Zero weights stay edges. Made from :meth:`link_arrays`, so a composed cluster's million
+        links never become objects."""
+        import numpy as np
+        from scipy.sparse import csr_matrix
+
+        links = self.link_arrays()
+        _, first = np.unique(links.src * self.num_ranks + links.dst, return_index=True)  # the first of duplicates
+        data = np.ones(len(first)) if weights is None else np.asarray(weights, dtype=float)[first]
+        src, dst = (links.dst[first], links.src[first]) if reverse else (links.src[first], links.dst[first])
+        return csr_matrix((data, (src, dst)), shape=(self.num_ranks, self.num_ranks))
+
     def hop_distances(self) -> list[list[int]]:
         """All-pairs hop distance (``num_ranks`` means unreachable)."""
-        n = self.num_ranks
-        dist = [[n] * n for _ in range(n)]
-        import networkx as nx
+        import numpy as np
+        from scipy.sparse.csgraph import shortest_path
 
-        for src, lengths in nx.all_pairs_shortest_path_length(self.graph()):
-            for dst, d in lengths.items():
-                dist[src][dst] = d
-        return dist
+        dist = shortest_path(self.sparse_graph(), directed=True, unweighted=True)
+        return np.where(np.isinf(dist), self.num_ranks, dist).astype(int).tolist()
 
     def to_dict(self) -> dict:
         """The JSON form (links through switches are implied by the switches and not listed)."""
@@ -641,11 +660,12 @@ def compose_nodes(topo: Topology, nodes: int, fabric: Fabric | str = Fabric.SWIT
 
 def check_connected(topo: Topology) -> None:
     """Raise InputError unless every rank can reach every other rank."""
-    g = topo.graph()
-    import networkx as nx
+    from scipy.sparse.csgraph import connected_components
 
-    if topo.num_ranks > 1 and not nx.is_strongly_connected(g):
-        comps = sorted((sorted(c) for c in nx.strongly_connected_components(g)), key=len)
+    count, labels = connected_components(topo.sparse_graph(), directed=True, connection="strong")
+    if count > 1:
+        comps = sorted(([r for r in range(topo.num_ranks) if labels[r] == c] for c in range(count)),
+                       key=lambda ranks: (len(ranks), ranks))
         raise InputError(topo.source, "links", f"the topology is disconnected: ranks {comps[0]} cannot reach "
                          "or be reached from the others; add links")
 
