@@ -157,6 +157,13 @@ class ComposedLinks(Sequence):
     def __repr__(self) -> str:
         return f"ComposedLinks({self.node.name} x {self.nodes}, {len(self)} links)"
 
+    def reversed(self, switches: tuple[Switch, ...]) -> ComposedLinks:
+        """The links of :func:`synth.model.topology.reverse_topology` (``switches`` reversed): the node's links
+        reversed, and the fabric's, since a path through it reversed is the path the other way."""
+        from synth.model.topology import reverse_topology
+
+        return ComposedLinks(reverse_topology(self.node), self.nodes, switches, self.rails)
+
     # --- the rest of the Topology API
     def direct_links(self) -> Iterator[Link]:
         """The node's direct links, node by node (in link order)."""

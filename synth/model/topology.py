@@ -683,10 +683,13 @@ def reverse_topology(topo: Topology) -> Topology:
     Reductions are solved as the time reversal of a broadcast-type schedule on this graph, so they run on the
     original links.
     """
-    links = tuple(sorted((Link(l.dst, l.src, l.alpha_us, l.bw_GBps, l.lanes, tuple(reversed_port(u) for u in
-                                                                                   reversed(l.ports)), l.path_type)
-                          for l in topo.links), key=lambda l: (l.src, l.dst)))
-    switches = tuple(Switch(s.name, s.alpha_us, tuple(SwitchPort(p.ranks, p.ingress_GBps, p.egress_GBps)
+    switches = tuple(Switch(s.name, s.alpha_us, tuple(SwitchPort(p.ranks, p.ingress_GBps, p.egress_GBps, p.switch)
                                                       for p in s.ports)) for s in topo.switches)
+    if isinstance(topo.links, tuple):
+        links = tuple(sorted((Link(l.dst, l.src, l.alpha_us, l.bw_GBps, l.lanes,
+                                   tuple(reversed_port(u) for u in reversed(l.ports)), l.path_type)
+                              for l in topo.links), key=lambda l: (l.src, l.dst)))
+    else:
+        links = topo.links.reversed(switches)
     return Topology(f"{topo.name}-reversed", topo.num_ranks, topo.gpus_per_node, links, switches, topo.nics,
-                    topo.symmetries, topo.description, topo.source)
+                    topo.symmetries, topo.description, topo.source, topo.sms_per_gpu)
