@@ -207,6 +207,7 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
                 break
         else:
             unplaced.extend(chain)   # no channel left: these are unfused by the caller
+    unplaced += [op for op in fused_ops if id(op) not in visited]   # a cycle of fused ops has no head
     # Transfers carried on a fused channel must use that channel at their other end too.
     transfer_chan = dict(spread or {})
     for plan in plans:
@@ -221,7 +222,8 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
             if op.kind == "cpy":
                 op.tb_key = (0, -1, -1)
             elif op.recv is not None and op.send is not None:
-                op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
+                if id(op) in channel_of:     # else unplaced: the caller unfuses it and assigns again
+                    op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
             elif op.recv is not None:
                 ch = transfer_chan.get(op.recv, 0)
                 partner = used[(r, ch)].get(("in", op.recv.src), -1) if ch else -1
@@ -298,9 +300,10 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     coll = schedule.collective
     peers = _PeerSlots({op.send: op.src for plan in plans for op in plan.ops if op.send is not None},
                        {op.recv: op.dst for plan in plans for op in plan.ops if op.recv is not None})
-    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology) for plan in plans]
-    nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     inplace = 0 if coll.name == "alltoall" else 1
+    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology, inplace)
+            for plan in plans]
+    nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     return MscclProgram(
         name=name or safe_name(f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}"),
         proto=proto, nchannels=nchannels, ngpus=coll.num_ranks,
@@ -401,7 +404,7 @@ class _PeerSlots:
         return op.src, op.dst
 
 
-def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None) -> Gpu:
+def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None, inplace: int = 1) -> Gpu:
     by_tb = defaultdict(list)
     for op in plan.ops:
         by_tb[op.tb_key].append(op)
@@ -414,7 +417,9 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
     for k in keys:
         for i, op in enumerate(by_tb[k]):
             where[id(op)] = (k, i)
-    _add_dependencies(plan.ops, lambda slot: _memory_key(slot, coll, plan.rank))
+    # only an in-place program's i and o alias (an out-of-place one waiting for them only stalls)
+    _add_dependencies(plan.ops, (lambda slot: _memory_key(slot, coll, plan.rank)) if inplace
+                      else (lambda slot: slot))
     if topology is not None:
         _order_shared_ports(plan.ops, topology)
     published = {id(d) for op in plan.ops for d in op.deps}

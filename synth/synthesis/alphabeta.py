@@ -40,7 +40,7 @@ from synth.model.collectives import Collective, make_collective, normalize_name
 from synth.errors import InfeasibleError, InputError, SolverError, SynthError
 from synth.bounds.physical import bandwidth_bound_us
 from synth.schedule.replay import verify
-from synth.schedule.list_scheduler import book_in_order, list_schedule
+from synth.schedule.list_scheduler import book_in_order, list_schedule, reverse_in_time
 from synth.schedule.transforms import (CollectiveProblem, Concatenation, Reversal, cut_into_pieces, reduction_for,
                                        split_collective)
 from synth.formulations.routes import (AlphaBetaProblem, Routes, is_symmetric, make_problem, route_loads, routes_from_schedule,
@@ -243,8 +243,11 @@ def _solve(problem: CollectiveProblem, search: _Search) -> _Solved:
 def _reversal(reduction: Reversal, search: _Search) -> _Solved:
     (dual,) = reduction.apply()
     forward = _solve(dual, search)
-    schedule = reduction.invert([forward.schedule])
-    report = verify(schedule, reduction.problem.topology, search.size_bytes)
+    problem = reduction.problem
+    coll = make_collective(problem.collective, problem.topology.num_ranks,
+                           forward.schedule.collective.chunks_per_rank, problem.root)
+    schedule = reverse_in_time(forward.schedule, problem.topology, coll, search.size_bytes, forward.schedule.method)
+    report = verify(schedule, problem.topology, search.size_bytes)
     record = dict(forward.record, reversal_of=reduction.dual)
     return replace(forward, schedule=schedule, time_us=report.time_us, record=record)
 
