@@ -276,14 +276,14 @@ class SymmetryGroup:
         images, where permutation ``g`` maps the k-th port of link ``l`` onto the k-th port of link ``g(l)``. So
         the NVSwitch ports of every node, the NIC ports of every node and a rail's leaf and spine ports fall in
         one orbit each, and a model keeps one capacity row per orbit."""
-        ports = sorted({use for link in topology.links for use in link.ports})
+        per_link = [link.ports for link in topology.links]      # one pass: a cluster's links are made on demand
+        ports = sorted({use for uses in per_link for use in uses})
         if not ports:
             return {}
         port_id = {use: i for i, use in enumerate(ports)}
-        width = max(len(link.ports) for link in topology.links)
-        by_link = np.full((len(topology.links), width), -1, dtype=np.int64)    # port id per (link, position)
-        for li, link in enumerate(topology.links):
-            by_link[li, :len(link.ports)] = [port_id[use] for use in link.ports]
+        by_link = np.full((len(per_link), max(map(len, per_link))), -1, dtype=np.int64)  # port id per (link, k)
+        for li, uses in enumerate(per_link):
+            by_link[li, :len(uses)] = [port_id[use] for use in uses]
         best = by_link.copy()
         for image in self.link_images(topology):
             np.minimum(best, by_link[image], out=best)
