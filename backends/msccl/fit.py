@@ -19,7 +19,7 @@ send/receive) and says which fit, or the exact limit that rules the schedule out
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil
 
 from synth.model.topology import Topology
@@ -33,6 +33,7 @@ from backends.msccl.lowering import DEFAULT_MAX_BYTES, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
 
 MAX_TRIALS = 12     # lowerings tried per mode before giving up (each is linear in the schedule)
+WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on more channels
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,27 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
             break
     assert best is not None
     return best
+
+
+def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options) -> list[Fit]:
+    """``fit`` and, where the SMs and channels allow, the same lowering on 2 and 4 times its channels: messages of
+    one connection from several threadblocks often keep a link busier, so the simulator should choose. Skipped
+    for programs of more than :data:`WIDEN_MAX_STEPS` steps (each variant is another lowering)."""
+    out = [fit]
+    total = sum(len(tb.steps) for g in fit.program.gpus for tb in g.tbs)
+    if total > WIDEN_MAX_STEPS:
+        return out
+    most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)
+    for factor in (2, 4):
+        channels = fit.lowering.channels * factor
+        if channels > most:
+            break
+        lowering = replace(fit.lowering, channels=channels)
+        wider = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
+                        topology.sms_per_gpu)
+        if wider.fits:
+            out.append(wider)
+    return out
 
 
 def _most_channels(fit: Fit, channels: int, sms: int | None, fuse: bool) -> int:
