@@ -5,13 +5,20 @@ import json
 from dataclasses import replace
 
 from click.testing import CliRunner
+from support.programs import render, ring_allgather
 
+from backends.msccl.fit import Lowering, fit_lowering, plan_fit
 from backends.msccl.limits import runtime_limits
 from backends.msccl.lint import lint_program
+from backends.msccl.lowering import lower_to_msccl
+from backends.msccl.merge import merge_contiguous
+from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_program
+from backends.msccl.writer import emit_verified_xml
 from synth.cli import main
+from synth.model.collectives import make_collective
 from synth.model.topology import load_topology
-from support.programs import render, ring_allgather
+from synth.schedule.ir import Schedule, Transfer
 
 THREE_TBS_MESSAGE = "3 threadblocks; all must be co-resident (one per SM) and the GPU has 2 SMs, so at most 2"
 
@@ -63,14 +70,6 @@ def test_check_takes_the_sm_count_from_an_option_or_a_topology(tmp_path):
 
 
 # --- merged steps and spread connections ---------------------------------------------------------------------
-
-from backends.msccl.fit import Lowering, fit_lowering, plan_fit          # noqa: E402
-from backends.msccl.lowering import lower_to_msccl                        # noqa: E402
-from backends.msccl.merge import merge_contiguous                         # noqa: E402
-from backends.msccl.simulate import simulate_program                      # noqa: E402
-from backends.msccl.writer import emit_verified_xml                       # noqa: E402
-from synth.model.collectives import make_collective                      # noqa: E402
-from synth.schedule.ir import Schedule, Transfer                          # noqa: E402
 
 
 def chain_broadcast(chunks: int, n: int = 4) -> Schedule:

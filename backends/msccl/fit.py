@@ -22,15 +22,20 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from math import ceil
 
-from synth.model.topology import Topology
-from synth.schedule.ir import Schedule
-
 from backends.msccl.findings import Finding
 from backends.msccl.ir import MscclProgram
-from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_PER_CHANNEL_DIRECTION, max_steps,
-                                   runtime_limits)
+from backends.msccl.limits import (
+    LIMIT_KINDS,
+    MAX_CHANNELS,
+    MAX_CNT,
+    MAX_TBS_PER_CHANNEL_DIRECTION,
+    max_steps,
+    runtime_limits,
+)
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
+from synth.model.topology import Topology
+from synth.schedule.ir import Schedule
 
 MAX_TRIALS = 12     # lowerings tried per mode before giving up (each is linear in the schedule)
 WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on more channels

@@ -31,7 +31,7 @@ from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
 
 from backends.msccl import conventions
 from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock, safe_name
-from backends.msccl.limits import MAX_CHANNELS, max_steps
+from backends.msccl.limits import MAX_CHANNELS
 
 DEFAULT_MAX_BYTES = 1 << 40
 TARGETS = ("executor", "legacy")
@@ -61,7 +61,7 @@ def _position(step: int, phase: int, chunk: int, peer: int) -> tuple:
 class _RankPlan:
     """Builds the ops of one rank from the transfers it takes part in."""
 
-    def __init__(self, rank: int, schedule: Schedule, layout, indices: "_ChunkIndices"):
+    def __init__(self, rank: int, schedule: Schedule, layout, indices: _ChunkIndices):
         self.rank = rank
         self.coll = schedule.collective
         self.layout = layout
@@ -360,13 +360,6 @@ def spread_index(chunk: int, channels: int, group: int = 1) -> int:
     so they can merge into one step of ``cnt = group`` (:mod:`backends.msccl.merge` cuts at the same multiples).
     """
     return (chunk // max(1, group)) % channels
-
-
-def channels_needed(program: MscclProgram, target: str = "executor") -> int:
-    """Channels a plain lowering needs so that no threadblock exceeds the target's steps limit."""
-    limit = max_steps(target)
-    longest = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
-    return max(1, -(-longest // limit))
 
 
 def _memory_key(slot: tuple[str, int], coll, rank: int) -> tuple[str, int]:
