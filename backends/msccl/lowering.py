@@ -224,6 +224,8 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
             unplaced.extend(chain)   # no channel left: these are unfused by the caller
     # Fused ops no chain reached (a cycle of forwards with no head) are unfused like those without a channel.
     unplaced.extend(op for op in fused_ops if id(op) not in channel_of and id(op) not in visited)
+    if unplaced:
+        return unplaced
     # Transfers carried on a fused channel must use that channel at their other end too.
     transfer_chan = dict(spread or {})
     for plan in plans:
