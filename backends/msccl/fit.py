@@ -34,6 +34,7 @@ from backends.msccl.limits import (
 )
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
+from synth.errors import BackendError
 from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
 
@@ -193,8 +194,35 @@ def _closer(a: Fit, b: Fit) -> bool:
     return (len({f.kind for f in a.broken}), a.steps_per_tb) < (len({f.kind for f in b.broken}), b.steps_per_tb)
 
 
+def hopeless(schedule: Schedule, topology: Topology) -> str | None:
+    """Why no lowering of ``schedule`` can fit the GPUs' SMs, from the schedule alone (linear, no lowering); None
+    when it may fit.
+
+    A rank needs a threadblock per peer it receives from and one per peer it sends to (a fused one can do one of
+    each); merging and spreading only add threadblocks, so more peers in one direction than SMs never fit.
+    """
+    sms = topology.sms_per_gpu
+    if sms is None:
+        return None
+    peers: dict[tuple[int, str], set[int]] = {}
+    for t in schedule.transfers:
+        peers.setdefault((t.src, "send to"), set()).add(t.dst)
+        peers.setdefault((t.dst, "receive from"), set()).add(t.src)
+    for (rank, direction), ranks in sorted(peers.items()):
+        if len(ranks) > sms:
+            return (f"rank {rank} must {direction} {len(ranks)} peers, a threadblock each, and its GPU runs at "
+                    f"most {sms} threadblocks (one per SM)")
+    return None
+
+
 def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", **program_options) -> FitPlan:
-    """Fit both lowerings (fused chains first, then plain sends and receives); see :func:`fit_lowering`."""
+    """Fit both lowerings (fused chains first, then plain sends and receives); see :func:`fit_lowering`.
+
+    Raises :class:`~synth.errors.BackendError` at once when the schedule is :func:`hopeless`.
+    """
+    reason = hopeless(schedule, topology)
+    if reason is not None:
+        raise BackendError(f"no MSCCL lowering fits: {reason}")
     fits, misses = [], []
     for fuse in (True, False):
         fit = fit_lowering(schedule, topology, target, fuse, **program_options)

@@ -29,7 +29,7 @@ from synth.schedule.ir import Schedule
 
 from backends.msccl.ir import LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
 from backends.msccl.limits import LIMIT_KINDS
-from backends.msccl.fit import Fit, Lowering, fit_lowering, wider_fits
+from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, wider_fits
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
@@ -64,6 +64,9 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
     _check_collective_known(schedule, target)
     failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
+    reason = hopeless(schedule, topology)
+    if reason is not None:
+        raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
     options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
     fits: list[Fit] = []
     for fuse in (True, False):
