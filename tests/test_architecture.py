@@ -146,4 +146,5 @@ def test_numeric_options_are_range_checked_before_any_work(args, message):
 def test_absurd_node_counts_are_refused_with_the_range():
     result = CliRunner().invoke(main, ["topo", "show", "dgx-h100", "--nodes", "4000"])
     assert result.exit_code == 1
-    assert "4000 x 8 GPUs is more than the supported 4096 ranks; use --nodes 1..512" in result.output
+    assert "4000 x 8 GPUs is more than the 1024 ranks a composed cluster may have; use --nodes 1..128" \
+        in result.output

@@ -46,7 +46,7 @@ def test_port_orbits_on_an_nvswitch():
     h100 = load_topology("dgx-h100")
     sym = symmetry_for_collective(h100, make_collective("allgather", 8, 1))
     reps = sym.port_orbit_reps(h100)
-    assert set(reps.values()) == {(sw.name, 0, d) for sw in h100.switches for d in ("e", "i")}
+    assert set(reps.values()) == {(sw.name, 0, d) for sw in h100.switches for d in ("egress", "ingress")}
 
 
 def test_trivial_group_and_rank_orbits_of_generators():

@@ -39,7 +39,7 @@ def test_compose_two_ndv2_nodes_through_one_nic():
     assert len(cross) == 2 * 8 * 8
     assert all(l.switch == "network" and l.bw_GBps == 12.5 for l in cross)
     # all cross-node traffic of a node shares its one NIC port
-    assert len({l.egress_port for l in cross if l.src < 8}) == 1
+    assert len({l.ports[0] for l in cross if l.src < 8}) == 1
 
 
 def test_user_file_with_unknown_rank_is_rejected(tmp_path):

@@ -240,7 +240,8 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
             if op.kind == "cpy":
                 op.tb_key = (0, -1, -1)
             elif op.recv is not None and op.send is not None:
-                op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
+                if id(op) in channel_of:     # else unplaced: the caller unfuses it and assigns again
+                    op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
             elif op.recv is not None:
                 ch = transfer_chan.get(id(op.recv), 0)
                 partner = used[(r, ch)].get(("in", op.recv.src), -1) if ch else -1
@@ -317,9 +318,10 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     coll = schedule.collective
     peers = _PeerSlots({id(op.send): op.src for plan in plans for op in plan.ops if op.send is not None},
                        {id(op.recv): op.dst for plan in plans for op in plan.ops if op.recv is not None})
-    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology) for plan in plans]
-    nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     inplace = 0 if coll.name == "alltoall" else 1
+    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology, inplace)
+            for plan in plans]
+    nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     return MscclProgram(
         name=name or safe_name(f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}"),
         proto=proto, nchannels=nchannels, ngpus=coll.num_ranks,
@@ -338,9 +340,9 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
     previous = {}
     for op in sorted((o for o in ops if o.send is not None), key=lambda o: o.position):
         link = topology.link(op.send.src, op.send.dst)
-        if link is None or link.switch is None:
+        if link is None or not link.ports:
             continue
-        port = (link.switch, link.egress_port)
+        port = link.ports[0]         # the sender's egress port
         before = previous.get(port)
         # (the same connection on another channel shares the link itself, which serves its messages in turn)
         if before is not None and before.tb_key != op.tb_key and before not in op.deps \
@@ -415,7 +417,7 @@ class _PeerSlots:
         return op.src, op.dst
 
 
-def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None) -> Gpu:
+def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None, inplace: int = 1) -> Gpu:
     by_tb = defaultdict(list)
     for op in plan.ops:
         by_tb[op.tb_key].append(op)
@@ -428,7 +430,9 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
     for k in keys:
         for i, op in enumerate(by_tb[k]):
             where[id(op)] = (k, i)
-    _add_dependencies(plan.ops, lambda slot: _memory_key(slot, coll, plan.rank))
+    # only an in-place program's i and o alias (an out-of-place one waiting for them only stalls)
+    _add_dependencies(plan.ops, (lambda slot: _memory_key(slot, coll, plan.rank)) if inplace
+                      else (lambda slot: slot))
     if topology is not None:
         _order_shared_ports(plan.ops, topology)
     published = {id(d) for op in plan.ops for d in op.deps}

@@ -121,10 +121,9 @@ def _min_rounds(topology: Topology, commodities: list[dict[int, float]]) -> floa
     caps = _port_caps(topology)
     ports = defaultdict(list)
     for li, link in enumerate(links):
-        if link.switch is not None:
-            ports[(link.switch, link.egress_port, "egress")].append(li)
-            ports[(link.switch, link.ingress_port, "ingress")].append(li)
-    for (switch, port, _), members in sorted(ports.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        for port in link.ports:
+            ports[port].append(li)
+    for (switch, port, _), members in sorted(ports.items()):
         members = np.array(members)
         cols = (np.arange(k)[:, None] * nlinks + members[None, :]).ravel()
         rb.add(np.zeros(len(cols) + 1, dtype=int), np.append(cols, t_col),

@@ -131,10 +131,29 @@ MAX_REDUCE_US_PER_BYTE = 1.0         # 1 us per byte is 1 MB/s, slower than any 
 
 
 def nodes_option(help_text: str = "Compose this many copies of a single-node topology, joined through their NICs."):
-    """``--nodes`` bounded by the largest topology we model, checked before anything is built."""
-    from synth.model.topology import MAX_RANKS
+    """``--nodes``, ``--fabric`` and ``--oversubscription`` (the command takes ``nodes, fabric, oversubscription``
+    and passes them to ``load_topology``). The number of nodes a machine allows depends on its GPUs per node, so
+    ``compose_nodes`` refuses too many with the range, right after reading the one-node file."""
+    from synth.model.topology import MAX_OVERSUBSCRIPTION, MAX_RANKS, Fabric
 
-    return click.option("--nodes", type=click.IntRange(1, MAX_RANKS), default=1, show_default=True, help=help_text)
+    options = [
+        click.option("--nodes", type=click.IntRange(1, MAX_RANKS), default=1, show_default=True,
+                     help=help_text),
+        click.option("--fabric", type=click.Choice([f.value for f in Fabric]), default=Fabric.SWITCH.value,
+                     show_default=True,
+                     help="How --nodes are joined: one network switch, or rail-optimized (NIC k of every node on "
+                          "leaf switch k, leaves joined by a spine)."),
+        click.option("--oversubscription", type=FiniteFloat(1.0, MAX_OVERSUBSCRIPTION), default=1.0,
+                     show_default=True,
+                     help="Rail fabric: leaf-to-spine oversubscription (1 = non-blocking; 2 = each leaf's uplink "
+                          "carries half of what its NICs can send)."),
+    ]
+
+    def decorate(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+    return decorate
 
 
 def check_root(collective: str, root: int | None) -> None:

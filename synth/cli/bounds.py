@@ -35,14 +35,14 @@ def _topology_options(func):
 @_topology_options
 @click.option("--chunks", type=click.IntRange(1, MAX_CHUNKS), default=1, show_default=True,
               help="Chunks per rank, for the store-and-forward path of one chunk.")
-def bounds(collective, topology_name, nodes, size_text, root, as_json, chunks):
+def bounds(collective, topology_name, nodes, fabric, oversubscription, size_text, root, as_json, chunks):
     """Lower bounds on COLLECTIVE's time: bandwidth (max-flow / LP) and latency (alpha diameter)."""
     from synth.bounds.physical import lower_bound
     from synth.model.topology import load_topology
 
     check_root(collective, root)
     size = parse_size(size_text)
-    topo = load_topology(topology_name, nodes)
+    topo = load_topology(topology_name, nodes, fabric, oversubscription)
     b = lower_bound(collective, topo, size, chunks, root)
     if as_json:
         click.echo(json.dumps(b.to_dict(), indent=1))
@@ -67,8 +67,8 @@ def bounds(collective, topology_name, nodes, size_text, root, as_json, chunks):
                    "legacy MSCCL fork.")
 @click.option("--schedule-out", type=click.Path(dir_okay=False), default=None,
               help="Write the schedule as synth JSON.")
-def baseline(name, collective, topology_name, nodes, size_text, root, as_json, chunks, xml_out, target,
-             schedule_out):
+def baseline(name, collective, topology_name, nodes, fabric, oversubscription, size_text, root, as_json, chunks,
+             xml_out, target, schedule_out):
     """Build, verify and time baseline NAME for COLLECTIVE; NAME 'best' picks the fastest that applies.
 
     Baselines: ring, bidir-ring, multi-ring, double-binary-tree, recursive-doubling,
@@ -86,7 +86,7 @@ def baseline(name, collective, topology_name, nodes, size_text, root, as_json, c
 
     if name != "best" and name not in BASELINES:
         raise InputError("NAME", "", f"unknown baseline {name!r}; choose best or one of {', '.join(BASELINES)}")
-    topo = load_topology(topology_name, nodes)
+    topo = load_topology(topology_name, nodes, fabric, oversubscription)
     emitted = None
     if name == "best" and xml_out:
         name, schedule, report, emitted = _best_written(collective, topo, size, root, target)

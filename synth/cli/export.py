@@ -24,7 +24,7 @@ def export():
               help="NCCL's path type between a GPU and its NIC (auto: from an imported dump's NICs, else PIX).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="Write the graph XML here (default: print it). Use it with NCCL_GRAPH_FILE.")
-def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output):
+def nccl_graph(schedule_file, topology_name, nodes, fabric, oversubscription, typeintra, typeinter, output):
     """Write a ring-shaped schedule (JSON from synth solve --schedule-out or a baseline) as an NCCL graph file,
     with the channel count and per-channel speed NCCL's own search would use. Schedules that are not rings are
     refused with the reason."""
@@ -36,7 +36,7 @@ def nccl_graph(schedule_file, topology_name, nodes, typeintra, typeinter, output
     outputs = OutputPlan()
     outputs.declare("-o", output)
     schedule = load_schedule(schedule_file)
-    topology = load_topology(topology_name, nodes)
+    topology = load_topology(topology_name, nodes, fabric, oversubscription)
     check_schedule_fits(schedule, topology, schedule_file)
     view = graph_view(schedule, topology, None if typeintra == "auto" else typeintra,
                       None if typeinter == "auto" else typeinter)

@@ -17,7 +17,7 @@ import click
 from synth.model.collectives import COLLECTIVES, normalize_name
 from synth.units import format_size
 from synth.cli._common import (MAX_CHUNKS, MAX_SOLVER_THREADS, MAX_STEPS, MAX_TIME_LIMIT_S, FiniteFloat,
-                               check_output_dir, check_root, is_tty, solver_options_for)
+                               check_output_dir, check_root, is_tty, nodes_option, solver_options_for)
 from synth.synthesis.method import Method
 from synth.model.topology import MAX_RANKS
 
@@ -112,8 +112,7 @@ def _size_table(plan, algorithms) -> None:
 @click.argument("collective", type=click.Choice(COLLECTIVES + ("reduce_scatter",), case_sensitive=False),
                 metavar="COLLECTIVE")
 @click.option("--topology", "-t", required=True, help="Built-in topology name (see `synth topo list`) or JSON file.")
-@click.option("--nodes", type=click.IntRange(1, MAX_RANKS), default=1, show_default=True,
-              help="Compose this many copies of a single-node topology through their NICs.")
+@nodes_option("Compose this many copies of a single-node topology through their NICs.")
 @click.option("--sketch", default=None, help="Sketch (name or JSON file) for the alpha-beta formulation.")
 @click.option("--root", type=click.IntRange(0, MAX_RANKS - 1), default=None,
               help="Root rank for rooted collectives (default 0).")
@@ -147,7 +146,8 @@ def _size_table(plan, algorithms) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print frontier.json's content on stdout instead of tables.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress on stderr.")
 @_solver_options
-def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, budget, no_symmetry, sizes, size_factor,
+def pareto(collective, topology, nodes, fabric, oversubscription, sketch, root, max_steps, max_chunks, budget,
+           no_symmetry, sizes, size_factor,
            baselines, alpha_beta, method, output, workers, scheduler, target, proto, as_json, quiet, time_limit,
            mip_gap, threads, seed):
     """Explore the latency/bandwidth frontier of COLLECTIVE and bundle the best algorithm per size range.
@@ -182,7 +182,7 @@ def pareto(collective, topology, nodes, sketch, root, max_steps, max_chunks, bud
 
     if output is not None:
         check_output_dir("-o", output, ("frontier.json", "README.txt", "frontier.png", "frontier.svg"), (BUNDLE_DIR,))
-    topo = load_topology(topology, nodes)
+    topo = load_topology(topology, nodes, fabric, oversubscription)
     options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
     spec = plan_sweep(topo, name, max_steps, max_chunks, root, options, not no_symmetry)
     out_dir = Path(output) if output else None

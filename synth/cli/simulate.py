@@ -31,12 +31,13 @@ MAX_SHOWN_FINDINGS = 3
 @click.option("--json", "as_json", is_flag=True, help="Print time_us, algbw_GBps, busbw_GBps, ... on stdout.")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False),
               help="Write a Chrome/Perfetto trace of the (first) algorithm: one track per rank/tb and per link.")
-def simulate(file, topology_name, nodes, size, reduce_us_per_byte, alpha_occupies, as_json, trace_path):
+def simulate(file, topology_name, nodes, fabric, oversubscription, size, reduce_us_per_byte, alpha_occupies, as_json,
+             trace_path):
     """Time the algorithm in FILE (MSCCL XML, or a synth schedule .json) on a topology at a size."""
     outputs = OutputPlan()
     outputs.declare("--trace", trace_path)
     size_bytes = parse_size(size)
-    topology = load_topology(topology_name, nodes)
+    topology = load_topology(topology_name, nodes, fabric, oversubscription)
     programs = _load_programs(file, topology, size_bytes)
     from backends.msccl.interpret import execute_program       # after the inputs are checked: a refusal is fast
     from backends.msccl.simulate import simulate_program, trace_document

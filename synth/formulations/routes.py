@@ -237,10 +237,9 @@ def resource_keys(topology: Topology) -> tuple[list[tuple], dict]:
     for i, link in enumerate(topology.links):
         keys = [("link", i)]
         bw[("link", i)] = link.capacity_GBps
-        if link.switch is not None:
-            for key in ((link.switch, link.egress_port, "egress"), (link.switch, link.ingress_port, "ingress")):
-                keys.append(("port",) + key)
-                bw[("port",) + key] = min(ports[key], link.capacity_GBps)
+        for key in link.ports:
+            keys.append(("port",) + key)
+            bw[("port",) + key] = min(ports[key], link.capacity_GBps)
         per_link.append(keys)
     return per_link, bw
 

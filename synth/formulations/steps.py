@@ -181,13 +181,11 @@ def encode_steps(topology: Topology, collective: Collective, steps: int, rounds:
                 ent_r.append(row_for(("link", rep, s), links[rep].lanes))
                 ent_c.append(col)
                 ent_v.append(1.0)
-            link = links[image]
-            if link.switch is not None:
-                for port in ((link.switch, link.egress_port, "e"), (link.switch, link.ingress_port, "i")):
-                    if port_rep[port] == port:
-                        ent_r.append(row_for(("port",) + port + (s,), port_cap[port[:2]]))
-                        ent_c.append(col)
-                        ent_v.append(1.0)
+            for port in links[image].ports:
+                if port_rep[port] == port:
+                    ent_r.append(row_for(("port",) + port + (s,), port_cap[port[:2]]))
+                    ent_c.append(col)
+                    ent_v.append(1.0)
     rb.add(ent_r, ent_c, ent_v, lo, hi)
 
     # --- total rounds
@@ -205,12 +203,16 @@ def encode_steps(topology: Topology, collective: Collective, steps: int, rounds:
 
 def _port_caps(topology: Topology) -> dict:
     """Chunks per round a switch port carries: its bandwidth over its links' (at least 1)."""
+    link_bw: dict[tuple[str, int], float] = {}
+    for l in topology.links:
+        for use in l.ports:
+            key = (use.switch, use.port)
+            link_bw[key] = min(link_bw.get(key, l.bw_GBps), l.bw_GBps)
     caps = {}
     for sw in topology.switches:
         for pi, port in enumerate(sw.ports):
-            link_bw = min((l.bw_GBps for l in topology.links
-                           if l.switch == sw.name and (l.egress_port == pi or l.ingress_port == pi)), default=1.0)
-            caps[(sw.name, pi)] = max(1, int(min(port.egress_GBps, port.ingress_GBps) / link_bw + 1e-9))
+            bw = link_bw.get((sw.name, pi), 1.0)
+            caps[(sw.name, pi)] = max(1, int(min(port.egress_GBps, port.ingress_GBps) / bw + 1e-9))
     return caps
 
 
@@ -251,14 +253,13 @@ def _rounds_needed(topology: Topology, transfers, steps: int) -> list[int]:
     for t in transfers:
         link = topology.link(t.src, t.dst)
         load[(t.src, t.dst, t.step)] += 1
-        if link.switch is not None:
-            port_load[(link.switch, link.egress_port, "e", t.step)] += 1
-            port_load[(link.switch, link.ingress_port, "i", t.step)] += 1
+        for port in link.ports:
+            port_load[(port, t.step)] += 1
     rounds = [1] * steps
     for (src, dst, s), count in load.items():
         rounds[s] = max(rounds[s], -(-count // topology.link(src, dst).lanes))
     caps = _port_caps(topology)
-    for (sw, port, _, s), count in port_load.items():
+    for ((sw, port, _), s), count in port_load.items():
         rounds[s] = max(rounds[s], -(-count // caps[(sw, port)]))
     return rounds
 

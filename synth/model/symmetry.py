@@ -34,7 +34,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # topology.py imports this module (is_automorphism checks declared symmetries)
     from synth.model.collectives import Collective
-    from synth.model.topology import Topology
+    from synth.model.topology import PortUse, Topology
 
 Permutation = tuple[int, ...]
 
@@ -99,17 +99,43 @@ def free_symmetry_group(topo: Topology) -> list[Permutation]:
     n = topo.num_ranks
     identity = tuple(range(n))
     candidates = list(topo.symmetries) if topo.symmetries else _free_elements(_automorphism_generators(topo), n)
-    group = [identity]
+    group, generators = [identity], []
     members = set(group)
+    ranks = np.arange(n)
     for cand in candidates:
         if len(group) == n:
             break               # a free group acts regularly at most: no larger one exists
         if cand in members or any(cand[i] == i for i in range(n)):
             continue
-        closed = group_closure([g for g in group if g != identity] + [cand], limit=n)
-        if closed and all(g == identity or all(g[i] != i for i in range(n)) for g in closed):
-            group, members = closed, set(closed)
+        closed = _closure_array(generators + [cand], limit=n)
+        if closed is not None and int(((closed == ranks).any(axis=1)).sum()) == 1:   # only the identity fixes
+            group, generators = sorted(tuple(p) for p in closed.tolist()), generators + [cand]
+            members = set(group)
     return group
+
+
+def _closure_array(gens: list[Permutation], limit: int) -> np.ndarray | None:
+    """The group ``gens`` generate, as an (order, n) array (unsorted), or None beyond ``limit`` elements: the
+    elements are composed with the generators a whole frontier at a time (a composed cluster's group has a
+    thousand elements of a thousand ranks)."""
+    g = np.array(gens, dtype=np.int64)
+    n = g.shape[1]
+    seen = {np.arange(n).tobytes()}
+    elements = [np.arange(n)]
+    frontier = np.arange(n)[None, :]
+    while len(frontier):
+        new = []
+        for h in g:
+            for row in h[frontier]:           # h after each frontier element
+                key = row.tobytes()
+                if key not in seen:
+                    seen.add(key)
+                    new.append(row)
+                    if len(seen) > limit:
+                        return None
+        elements += new
+        frontier = np.array(new).reshape(-1, n)
+    return np.array(elements)
 
 
 @functools.lru_cache(maxsize=32)
@@ -237,18 +263,19 @@ class SymmetryGroup:
 
     def link_images(self, topology: Topology) -> np.ndarray:
         """``images[g, l]``: the index of the link permutation ``g`` maps link ``l`` onto."""
-        perms = self.permutations()
-        return np.array([[topology.link_index[(p[l.src], p[l.dst])] for l in topology.links] for p in perms],
-                        dtype=np.int64).reshape(self.order, len(topology.links))
+        src, dst = topology.link_endpoints()
+        return topology.link_indices(self.perms[:, src], self.perms[:, dst]).reshape(self.order, len(src))
 
     def link_orbit_reps(self, topology: Topology) -> np.ndarray:
         """The smallest link index in every link's orbit (one entry per link)."""
         images = self.link_images(topology)
         return images.min(axis=0) if images.size else np.zeros(0, dtype=np.int64)
 
-    def port_orbit_reps(self, topology: Topology) -> dict[tuple[str, int, str], tuple[str, int, str]]:
-        """Representative of every switch port direction ``(switch, port, "e"|"i")``: the smallest
-        ``(switch, port)`` its first rank's images sit on, with the same direction."""
+    def port_orbit_reps(self, topology: Topology) -> dict[PortUse, PortUse]:
+        """Representative of every switch port direction: the smallest ``(switch, port)`` of the same switch its
+        first rank's images sit on, with the same direction."""
+        from synth.model.topology import Direction, PortUse
+
         port_of_rank = {}
         for sw in topology.switches:
             for pi, port in enumerate(sw.ports):
@@ -264,8 +291,8 @@ class SymmetryGroup:
                     q = port_of_rank.get((sw.name, p[r]))
                     images.append((sw.name, q) if q is not None else (sw.name, pi))
                 best = min(images)
-                for d in ("e", "i"):
-                    reps[(sw.name, pi, d)] = best + (d,)
+                for d in Direction:
+                    reps[PortUse(sw.name, pi, d)] = PortUse(*best, d)
         return reps
 
     def resource_orbit_reps(self, topology: Topology, per_link_keys: Sequence[Sequence]) -> dict:
@@ -339,13 +366,14 @@ def symmetry_for_collective(topology: Topology, collective: Collective,
             maps.append(tuple(cmap))
         return SymmetryGroup.from_lists(perms, maps)
     perms, maps = [identity], [tuple(range(nchunks))]
+    src, dst = topology.link_endpoints()
     for perm in candidates:
         if perm == identity:
             continue
         cmap = chunk_permutation(collective, perm)
         if cmap is None or any(cmap[c] == c for c in range(len(cmap))):
             continue
-        images = [topology.link_index[(perm[l.src], perm[l.dst])] for l in topology.links]
+        images = topology.link_indices(np.asarray(perm)[src], np.asarray(perm)[dst])
         if not np.array_equal(link_mask[np.array(cmap)][:, images], link_mask):
             continue
         perms.append(perm)

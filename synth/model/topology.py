@@ -19,11 +19,12 @@ import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-
+from typing import Iterator, NamedTuple, Sequence
 
 from synth.errors import InputError
 from synth.fileio import document_name, parse_json, read_json
 from synth.model.taccl import is_taccl_topology, taccl_topology_to_dict
+from synth.text_enum import TextEnum
 
 MAX_RANKS = 4096
 FORMAT = "synth-topology/1"
@@ -31,14 +32,48 @@ FORMAT = "synth-topology/1"
 PATH_TYPES = ("NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
 
 
+class Direction(TextEnum):
+    """Which way a transfer crosses a switch port: ``egress`` from the port's ranks into the switch, ``ingress``
+    from the switch out to them (a NIC's send and receive sides)."""
+
+    EGRESS = "egress"
+    INGRESS = "ingress"
+
+
+class Fabric(TextEnum):
+    """How ``--nodes`` copies of a machine are joined through their NICs (DESIGN section 9).
+
+    ``switch``: one network switch, a port per NIC. ``rail``: rail-optimized, NIC k of every node on leaf
+    switch k, the leaves joined by a spine (oversubscribed or not); a machine with one NIC has one rail, so the
+    two are the same there.
+    """
+
+    SWITCH = "switch"
+    RAIL = "rail"
+
+
+class PortUse(NamedTuple):
+    """One switch port direction a link's transfers occupy: the shared resource of DESIGN section 3.
+
+    The one key every cost model, bound and formulation uses for a port (``Topology.port_capacity`` gives its
+    bandwidth), so a port is charged the same way everywhere. A named tuple: it is a dict key in hot loops.
+    """
+
+    switch: str
+    port: int
+    direction: Direction
+
+
 @dataclass(frozen=True)
 class Link:
     """A directed connection ``src -> dst``.
 
-    ``switch``/``egress_port``/``ingress_port`` are set for logical links through a switch: the transfer then
-    also uses those ports' bandwidth. ``path_type`` is NCCL's name for what the link is made of (``NVL``
-    NVLink/xGMI, ``PIX``/``PXB``/``PHB``/``SYS`` PCIe paths, see :data:`PATH_TYPES`) when known, e.g. from an
-    NCCL topology dump; empty means unknown (built-ins describe NVLink and NVSwitch).
+    ``ports`` are the switch port directions a logical link through switches occupies, in path order: the
+    sender's egress and the receiver's ingress port on one switch, plus the uplinks' ports when the path climbs
+    to a spine; empty for a direct link. A transfer also uses each port's bandwidth. ``path_type`` is NCCL's
+    name for what the link is made of (``NVL`` NVLink/xGMI, ``PIX``/``PXB``/``PHB``/``SYS`` PCIe paths, see
+    :data:`PATH_TYPES`) when known, e.g. from an NCCL topology dump; empty means unknown (built-ins describe
+    NVLink and NVSwitch).
     """
 
     src: int
@@ -46,9 +81,7 @@ class Link:
     alpha_us: float
     bw_GBps: float
     lanes: int = 1
-    switch: str | None = None
-    egress_port: int | None = None
-    ingress_port: int | None = None
+    ports: tuple[PortUse, ...] = ()
     path_type: str = ""
 
     @property
@@ -56,23 +89,43 @@ class Link:
         """Total bandwidth of the link over all lanes, GB/s."""
         return self.bw_GBps * self.lanes
 
+    @property
+    def switch(self) -> str | None:
+        """The switch the link enters (its first port's), None for a direct link."""
+        return self.ports[0].switch if self.ports else None
+
 
 @dataclass(frozen=True)
 class SwitchPort:
-    """One port of a switch, used by ``ranks`` (one GPU on an NVSwitch; a node's GPUs on a NIC)."""
+    """One port of a switch, used by ``ranks`` (one GPU on an NVSwitch; a node's GPUs on a NIC).
+
+    A spine's port leads down to a leaf switch (``switch``, the leaf's name; empty for a port that attaches
+    ranks) and serves every rank below that leaf; its bandwidth is the leaf's uplink.
+    """
 
     ranks: tuple[int, ...]
     egress_GBps: float
     ingress_GBps: float
+    switch: str = ""
 
 
 @dataclass(frozen=True)
 class Switch:
-    """A switch: every rank on one port can reach every rank on another port in one hop."""
+    """A switch: every rank on one port can reach every rank on another port in one hop.
+
+    A spine (its ports lead to leaf switches) joins the ranks below different leaves: a transfer climbs through
+    the sender's leaf port and the spine port above it, and comes down the receiver's; ``alpha_us`` of a spine
+    is the latency those extra hops add to the leaf's.
+    """
 
     name: str
     alpha_us: float
     ports: tuple[SwitchPort, ...]
+
+    @property
+    def is_spine(self) -> bool:
+        """True when the ports lead to leaf switches rather than to ranks."""
+        return bool(self.ports) and bool(self.ports[0].switch)
 
 
 @dataclass(frozen=True)
@@ -97,12 +150,16 @@ class Topology:
 
     ``sms_per_gpu`` is the GPU's number of streaming multiprocessors: every threadblock of an MSCCL program must
     be resident at once, so a GPU runs at most that many (V100 80, A100 108, H100 SXM 132); None when unknown.
+
+    ``links`` are sorted by ``(src, dst)``: a tuple, or for a composed cluster a table that makes each link on
+    demand (:class:`synth.model.fabric.ComposedLinks`; 128 nodes of 8 GPUs have a million links through the
+    fabric). ``link_index`` maps ``(src, dst)`` to the link's position either way.
     """
 
     name: str
     num_ranks: int
     gpus_per_node: int
-    links: tuple[Link, ...]
+    links: Sequence[Link]
     switches: tuple[Switch, ...] = ()
     nics: tuple[Nic, ...] = ()
     symmetries: tuple[tuple[int, ...], ...] = ()
@@ -112,10 +169,39 @@ class Topology:
     link_index: dict = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
-        index = {}
-        for i, link in enumerate(self.links):
-            index.setdefault((link.src, link.dst), i)
+        if isinstance(self.links, tuple):
+            index = {}
+            for i, link in enumerate(self.links):
+                index.setdefault((link.src, link.dst), i)
+        else:
+            index = self.links.link_index
         object.__setattr__(self, "link_index", index)
+
+    def direct_links(self) -> Iterator[Link]:
+        """The links that use no switch (NVLink, PCIe), without making the links through switches."""
+        if isinstance(self.links, tuple):
+            return (l for l in self.links if not l.ports)
+        return self.links.direct_links()
+
+    def link_endpoints(self):
+        """``(src, dst)``: int64 numpy arrays of every link's ends, in link order."""
+        import numpy as np
+
+        if not isinstance(self.links, tuple):
+            return self.links.endpoints()
+        return (np.fromiter((l.src for l in self.links), np.int64, len(self.links)),
+                np.fromiter((l.dst for l in self.links), np.int64, len(self.links)))
+
+    def link_indices(self, src, dst):
+        """Positions of the links ``src[k] -> dst[k]`` (numpy arrays of ranks, any shape); -1 where none."""
+        import numpy as np
+
+        if not isinstance(self.links, tuple):
+            return self.links.indices(src, dst)
+        src, dst = np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64)
+        index = self.link_index
+        flat = [index.get(pair, -1) for pair in zip(src.ravel().tolist(), dst.ravel().tolist())]
+        return np.array(flat, dtype=np.int64).reshape(src.shape)
 
     @property
     def num_nodes(self) -> int:
@@ -139,13 +225,13 @@ class Topology:
             g.add_edge(link.src, link.dst, alpha_us=link.alpha_us, capacity_GBps=link.capacity_GBps, index=i)
         return g
 
-    def port_capacity(self) -> dict[tuple[str, int, str], float]:
-        """Bandwidth (GB/s) of every switch port direction, keyed by (switch, port, 'egress'|'ingress')."""
+    def port_capacity(self) -> dict[PortUse, float]:
+        """Bandwidth (GB/s) of every switch port direction a link may use."""
         caps = {}
         for sw in self.switches:
             for p, port in enumerate(sw.ports):
-                caps[(sw.name, p, "egress")] = port.egress_GBps
-                caps[(sw.name, p, "ingress")] = port.ingress_GBps
+                caps[PortUse(sw.name, p, Direction.EGRESS)] = port.egress_GBps
+                caps[PortUse(sw.name, p, Direction.INGRESS)] = port.ingress_GBps
         return caps
 
     def hop_distances(self) -> list[list[int]]:
@@ -171,12 +257,12 @@ class Topology:
             "links": [
                 dict({"src": l.src, "dst": l.dst, "alpha_us": l.alpha_us, "bw_GBps": l.bw_GBps, "lanes": l.lanes},
                      **({"path_type": l.path_type} if l.path_type else {}))
-                for l in self.links if l.switch is None
+                for l in self.direct_links()
             ],
             "switches": [
                 {"name": s.name, "alpha_us": s.alpha_us,
-                 "ports": [{"ranks": list(p.ranks), "egress_GBps": p.egress_GBps, "ingress_GBps": p.ingress_GBps}
-                           for p in s.ports]}
+                 "ports": [dict({"switch": p.switch} if p.switch else {"ranks": list(p.ranks)},
+                                egress_GBps=p.egress_GBps, ingress_GBps=p.ingress_GBps) for p in s.ports]}
                 for s in self.switches
             ],
             "nics": [dict({"ranks": list(n.ranks), "bw_GBps": n.bw_GBps, "alpha_us": n.alpha_us},
@@ -250,15 +336,49 @@ def _rank(value, n: int, source: str, where: str) -> int:
     return value
 
 
-def _switch_links(switch: Switch) -> list[Link]:
-    links = []
+def switch_path(up: Sequence[tuple[Switch, int]], down: Sequence[tuple[Switch, int]]) \
+        -> tuple[float, float, tuple[PortUse, ...]]:
+    """``(alpha_us, bw_GBps, ports)`` of a path through switches: it enters switch ``up[k][0]`` at port ``up[k][1]``
+    (egress) while climbing and leaves ``down[k][0]`` at port ``down[k][1]`` (ingress) coming down; one switch
+    is ``up = ((s, p),), down = ((s, q),)``, a spine adds itself to both. The slowest port sets the bandwidth;
+    the latency is the leaf's plus every spine's (its extra hops)."""
+    ports = tuple(PortUse(s.name, p, Direction.EGRESS) for s, p in up) + \
+        tuple(PortUse(s.name, p, Direction.INGRESS) for s, p in down)
+    bw = min([s.ports[p].egress_GBps for s, p in up] + [s.ports[p].ingress_GBps for s, p in down])
+    alpha = max(up[0][0].alpha_us, down[-1][0].alpha_us) + sum(s.alpha_us for s, _ in up[1:])
+    return alpha, bw, ports
+
+
+def _switch_links(switch: Switch, by_name: dict[str, Switch]) -> Iterator[Link]:
+    """Every logical link through ``switch``: between ranks on two of its ports, or for a spine between ranks
+    below two of its leaves."""
     for (pi, p), (qi, q) in itertools.permutations(enumerate(switch.ports), 2):
-        bw = min(p.egress_GBps, q.ingress_GBps)
-        for a in p.ranks:
-            for b in q.ranks:
-                if a != b:
-                    links.append(Link(a, b, switch.alpha_us, bw, 1, switch.name, pi, qi))
-    return links
+        if not switch.is_spine:
+            hops = [((((switch, pi),), ((switch, qi),)), p.ranks, q.ranks)]
+        else:
+            leaf_a, leaf_b = by_name[p.switch], by_name[q.switch]
+            hops = [((((leaf_a, ai), (switch, pi)), ((switch, qi), (leaf_b, bi))), pa.ranks, qb.ranks)
+                    for ai, pa in enumerate(leaf_a.ports) for bi, qb in enumerate(leaf_b.ports)]
+        for (up, down), senders, receivers in hops:
+            alpha, bw, ports = switch_path(up, down)
+            for a in senders:
+                for b in receivers:
+                    if a != b:
+                        yield Link(a, b, alpha, bw, 1, ports)
+
+
+def _leaf_ranks(name, spine: str, switches: list[Switch], spines: dict[str, str], source: str, where: str) \
+        -> tuple[tuple[int, ...], str]:
+    """The ranks below leaf switch ``name`` (declared before the spine, under no other spine) and its name."""
+    leaf = next((s for s in switches if s.name == name), None) if isinstance(name, str) else None
+    if leaf is None or leaf.is_spine:
+        known = ", ".join(s.name for s in switches if not s.is_spine) or "none"
+        raise InputError(source, f"{where}.switch", f"{name!r} is not a leaf switch declared before this spine "
+                         f"(leaves: {known})")
+    if name in spines:
+        raise InputError(source, f"{where}.switch", f"leaf {name!r} is already below spine {spines[name]!r}")
+    spines[name] = spine
+    return tuple(sorted({r for p in leaf.ports for r in p.ranks})), name
 
 
 def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
@@ -303,7 +423,8 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
                 raise InputError(source, where, f"link {a}->{b} is listed twice; use lanes for parallel links")
             links[(a, b)] = Link(a, b, float(alpha), float(bw), int(lanes), path_type=path_type)
 
-    switches = []
+    switches: list[Switch] = []
+    spines: dict[str, str] = {}           # leaf name -> the spine above it
     for si, rs in enumerate(_list(raw, "switches", source, "{name, alpha_us, ports}")):
         where = f"switches[{si}]"
         if not isinstance(rs, dict) or not isinstance(rs.get("ports"), list):
@@ -315,22 +436,30 @@ def topology_from_dict(raw: dict, source: str = "<memory>") -> Topology:
         ports, seen = [], set()
         for pi, rp in enumerate(rs["ports"]):
             pwhere = f"{where}.ports[{pi}]"
-            if not isinstance(rp, dict) or not isinstance(rp.get("ranks"), list) or not rp["ranks"]:
+            leaf_port = isinstance(rp, dict) and "switch" in rp
+            if ports and leaf_port != bool(ports[0].switch):
+                raise InputError(source, pwhere, "mixes ranks and leaf switches: a spine's ports all name a leaf "
+                                 "switch ({\"switch\": name}), other switches' ports all list ranks")
+            if leaf_port:
+                ranks, child = _leaf_ranks(rp["switch"], sname, switches, spines, source, pwhere)
+            elif not isinstance(rp, dict) or not isinstance(rp.get("ranks"), list) or not rp["ranks"]:
                 raise InputError(source, pwhere, "must be an object with a non-empty list of ranks")
-            ranks = tuple(_rank(r, n, source, f"{pwhere}.ranks") for r in rp["ranks"])
+            else:
+                ranks, child = tuple(_rank(r, n, source, f"{pwhere}.ranks") for r in rp["ranks"]), ""
             if seen & set(ranks):
                 raise InputError(source, pwhere, f"rank(s) {sorted(seen & set(ranks))} are on two ports")
             seen |= set(ranks)
             bw = _bw(rp, "bw_GBps", source, pwhere) if "bw_GBps" in rp else None
             egress = _bw(rp, "egress_GBps", source, pwhere, default=bw)
             ingress = _bw(rp, "ingress_GBps", source, pwhere, default=bw)
-            ports.append(SwitchPort(ranks, egress, ingress))
+            ports.append(SwitchPort(ranks, egress, ingress, child))
         switches.append(Switch(sname, float(alpha), tuple(ports)))
     names = [s.name for s in switches]
     if len(set(names)) != len(names):
         raise InputError(source, "switches", "switch names must be unique")
+    by_name = {s.name: s for s in switches}
     for sw in switches:
-        for link in _switch_links(sw):
+        for link in _switch_links(sw, by_name):
             links.setdefault((link.src, link.dst), link)
 
     nics = []
@@ -407,8 +536,10 @@ def _family_dict(kind: str, n: int) -> dict:
             "symmetries": [[(r + k) % n for r in range(n)] for k in range(1, n)] if kind == "ring" else []}
 
 
-def load_topology(name_or_path: str, nodes: int = 1) -> Topology:
-    """Load a built-in topology by name or a JSON file by path, optionally composed to ``nodes`` nodes.
+def load_topology(name_or_path: str, nodes: int = 1, fabric: Fabric | str = Fabric.SWITCH,
+                  oversubscription: float = 1.0) -> Topology:
+    """Load a built-in topology by name or a JSON file by path, optionally composed to ``nodes`` nodes joined by
+    ``fabric`` (:func:`compose_nodes`).
 
     >>> load_topology("ring-4").num_ranks
     4
@@ -435,32 +566,43 @@ def load_topology(name_or_path: str, nodes: int = 1) -> Topology:
                 known = ", ".join(builtin_names() + ["ring-N", "fully-connected-N"])
                 raise InputError("--topology", "", f"unknown topology {name_or_path!r}; use a JSON file path "
                                  f"or one of: {known}")
-    if nodes != 1:
-        topo = compose_nodes(topo, nodes)
+    if nodes != 1 or fabric != Fabric.SWITCH or oversubscription != 1.0:
+        topo = compose_nodes(topo, nodes, fabric, oversubscription)
     return topo
 
 
-def _nic_preserving(topo: Topology) -> list[tuple[int, ...]]:
-    """The node's declared symmetries that map every NIC's ranks onto a NIC's ranks with the same bandwidth and
-    latency: applied in every node at once, they stay symmetries of the composed machine."""
-    nics = {(frozenset(nic.ranks), nic.bw_GBps, nic.alpha_us) for nic in topo.nics}
-    return [perm for perm in topo.symmetries
-            if {(frozenset(perm[r] for r in ranks), bw, alpha) for ranks, bw, alpha in nics} == nics]
+# The largest cluster composed with --nodes: 1024 GPUs have a million logical links through the fabric.
+MAX_COMPOSED_RANKS = 1024
+MAX_OVERSUBSCRIPTION = 64.0
 
 
-def compose_nodes(topo: Topology, nodes: int) -> Topology:
-    """``nodes`` copies of a single-node topology joined through their NICs by one network switch.
+def compose_nodes(topo: Topology, nodes: int, fabric: Fabric | str = Fabric.SWITCH,
+                  oversubscription: float = 1.0) -> Topology:
+    """``nodes`` copies of a single-node topology joined through their NICs by a ``fabric`` (see
+    :class:`Fabric`; ``oversubscription`` is the rail fabric's leaf-to-spine ratio, 1 = non-blocking).
 
     Its symmetries are known by construction: rotating the nodes, and the node's own symmetries (those that
     respect its NICs) applied in every node at once; together they generate a freely acting group of order
-    ``nodes x |node group|``.
+    ``nodes x |node group|``. Both keep every rail on a rail, so they hold for either fabric.
 
     >>> from synth.model.symmetry import free_symmetry_group
     >>> len(free_symmetry_group(compose_nodes(load_topology("dgx-h100"), 2)))
     16
+    >>> compose_nodes(load_topology("dgx-h100"), 4, "rail").name
+    'dgx-h100x4-rail'
     """
+    from synth.model.fabric import compose  # lazily: numpy, and a module of its own
+
+    try:
+        fabric = Fabric(fabric)
+    except ValueError:
+        raise InputError("--fabric", "", f"unknown fabric {fabric!r}; use one of "
+                         f"{', '.join(f.value for f in Fabric)}") from None
     if nodes < 1:
         raise InputError("--nodes", "", "must be at least 1")
+    if not (math.isfinite(oversubscription) and 1.0 <= oversubscription <= MAX_OVERSUBSCRIPTION):
+        raise InputError("--oversubscription", "", f"must be in 1..{MAX_OVERSUBSCRIPTION:g} (1 = non-blocking), "
+                         f"got {oversubscription!r}")
     if nodes == 1:
         return topo
     if topo.num_nodes != 1:
@@ -468,30 +610,13 @@ def compose_nodes(topo: Topology, nodes: int) -> Topology:
                          f"{topo.num_nodes} nodes")
     if not topo.nics:
         raise InputError(topo.source, "nics", "has no NICs, so nodes cannot be joined; add a nics entry")
-    if nodes * topo.num_ranks > MAX_RANKS:
-        raise InputError("--nodes", "", f"{nodes} x {topo.num_ranks} GPUs is more than the supported {MAX_RANKS} "
-                         f"ranks; use --nodes 1..{MAX_RANKS // topo.num_ranks}")
-    n = topo.num_ranks
-    raw = topo.to_dict()
-    links, switches, ports = [], [], []
-    for k in range(nodes):
-        off = k * n
-        links += [dict(l, src=l["src"] + off, dst=l["dst"] + off) for l in raw["links"]]
-        for s in raw["switches"]:
-            switches.append(dict(s, name=f"{s['name']}@node{k}",
-                                 ports=[dict(p, ranks=[r + off for r in p["ranks"]]) for p in s["ports"]]))
-        for nic in topo.nics:
-            ports.append({"ranks": [r + off for r in nic.ranks], "egress_GBps": nic.bw_GBps,
-                          "ingress_GBps": nic.bw_GBps})
-    alpha = max(nic.alpha_us for nic in topo.nics)
-    switches.append({"name": "network", "alpha_us": alpha, "ports": ports})
-    sym = [[(r + k * n) % (n * nodes) for r in range(n * nodes)] for k in range(1, nodes)]
-    sym += [[perm[r % n] + (r // n) * n for r in range(n * nodes)] for perm in _nic_preserving(topo)]
-    out = {"format": FORMAT, "name": f"{topo.name}x{nodes}", "ranks": n * nodes, "gpus_per_node": n,
-           **({"sms_per_gpu": topo.sms_per_gpu} if topo.sms_per_gpu else {}),
-           "description": f"{nodes} x {topo.name} joined by a network switch through their NICs",
-           "links": links, "switches": switches, "nics": raw["nics"], "symmetries": sym}
-    return topology_from_dict(out, f"{topo.source} (--nodes {nodes})")
+    if fabric == Fabric.SWITCH and oversubscription != 1.0:
+        raise InputError("--oversubscription", "", "applies to the spine of --fabric rail; the single network "
+                         "switch is non-blocking")
+    if nodes * topo.num_ranks > MAX_COMPOSED_RANKS:
+        raise InputError("--nodes", "", f"{nodes} x {topo.num_ranks} GPUs is more than the {MAX_COMPOSED_RANKS} "
+                         f"ranks a composed cluster may have; use --nodes 1..{MAX_COMPOSED_RANKS // topo.num_ranks}")
+    return compose(topo, nodes, fabric, float(oversubscription))
 
 
 def check_connected(topo: Topology) -> None:
@@ -506,13 +631,20 @@ def check_connected(topo: Topology) -> None:
 
 
 
+def reversed_port(use: PortUse) -> PortUse:
+    """The same port crossed the other way (a link reversed in time)."""
+    other = Direction.INGRESS if use.direction == Direction.EGRESS else Direction.EGRESS
+    return PortUse(use.switch, use.port, other)
+
+
 def reverse_topology(topo: Topology) -> Topology:
     """The same machine with every link (and switch port direction) reversed.
 
     Reductions are solved as the time reversal of a broadcast-type schedule on this graph, so they run on the
     original links.
     """
-    links = tuple(sorted((Link(l.dst, l.src, l.alpha_us, l.bw_GBps, l.lanes, l.switch, l.ingress_port, l.egress_port)
+    links = tuple(sorted((Link(l.dst, l.src, l.alpha_us, l.bw_GBps, l.lanes, tuple(reversed_port(u) for u in
+                                                                                   reversed(l.ports)), l.path_type)
                           for l in topo.links), key=lambda l: (l.src, l.dst)))
     switches = tuple(Switch(s.name, s.alpha_us, tuple(SwitchPort(p.ranks, p.ingress_GBps, p.egress_GBps)
                                                       for p in s.ports)) for s in topo.switches)

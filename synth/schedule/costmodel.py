@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from synth.model.topology import Topology
+from synth.model.topology import PortUse, Topology
 
 BYTES_PER_US_PER_GBPS = 1e3
 
@@ -32,7 +32,7 @@ class LinkClock:
         self.topology = topology
         self.alpha_occupies = alpha_occupies
         self.link_free = [0.0] * len(topology.links)
-        self.port_free: dict[tuple[str, int, str], float] = {}
+        self.port_free: dict[PortUse, float] = {}
         self.port_bw = topology.port_capacity()
         self.busy_us = [0.0] * len(topology.links)
 
@@ -44,9 +44,7 @@ class LinkClock:
     def reserve(self, link_index: int, ready_us: float, nbytes: float) -> Reservation:
         """Book ``nbytes`` on a link no earlier than ``ready_us``; returns start, busy-until and arrival."""
         link = self.topology.links[link_index]
-        ports = []
-        if link.switch is not None:
-            ports = [(link.switch, link.egress_port, "egress"), (link.switch, link.ingress_port, "ingress")]
+        ports = link.ports
         start = max([ready_us, self.link_free[link_index]] + [self.port_free.get(p, 0.0) for p in ports])
         beta_us = self.duration_us(link_index, nbytes)
         busy = beta_us + (link.alpha_us if self.alpha_occupies else 0.0)

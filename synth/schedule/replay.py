@@ -47,9 +47,8 @@ def check_links(schedule: Schedule, topology: Topology) -> list[str]:
             problems.append(f"chunk {t.chunk} sent {t.src}->{t.dst} at step {t.step}, but there is no such link")
             continue
         load[(t.src, t.dst, t.step)] += 1
-        if link.switch is not None:
-            port_load[(link.switch, link.egress_port, "egress", t.step)] += 1
-            port_load[(link.switch, link.ingress_port, "ingress", t.step)] += 1
+        for port in link.ports:
+            port_load[(port, t.step)] += 1
     if schedule.rounds_per_step is None:
         return problems
     rounds = schedule.rounds_per_step
@@ -57,7 +56,7 @@ def check_links(schedule: Schedule, topology: Topology) -> list[str]:
         cap = topology.link(src, dst).lanes * (rounds[step] if step < len(rounds) else 0)
         if count > cap:
             problems.append(f"link {src}->{dst} carries {count} chunks in step {step}, capacity {cap}")
-    for (switch, port, direction, step), count in sorted(port_load.items()):
+    for ((switch, port, direction), step), count in sorted(port_load.items()):
         cap = rounds[step] if step < len(rounds) else 0
         if count > cap:
             problems.append(f"switch {switch} port {port} {direction} carries {count} chunks in step {step}, "

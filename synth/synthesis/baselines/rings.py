@@ -15,11 +15,7 @@ _SEARCH_BUDGET = 50_000
 
 def link_resources(link) -> list[tuple]:
     """What one ring consumes when it uses a link: one lane, and one unit of each switch port it crosses."""
-    res = [("link", link.src, link.dst)]
-    if link.switch is not None:
-        res += [("port", link.switch, link.egress_port, "egress"), ("port", link.switch, link.ingress_port,
-                                                                      "ingress")]
-    return res
+    return [("link", link.src, link.dst)] + [("port", *port) for port in link.ports]
 
 
 def _initial_units(topology: Topology) -> dict:
