@@ -40,7 +40,7 @@ from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
-from synth.schedule.ir import Schedule, Transfer
+from synth.schedule.ir import Schedule, Transfer, collective_size
 from synth.schedule.replay import ReplayReport, verify
 from synth.synthesis.baselines.plans import Edge, Routes, check_links, order_plans, plan_collective
 from synth.text_enum import TextEnum
@@ -322,7 +322,7 @@ def volumes(topology: Topology, collective: str, size_bytes: float) -> Volumes:
     cross = [topology.link(i, g + i).capacity_GBps for i in range(g)]
     inside = [topology.link(u, v).capacity_GBps for u in range(g) for v in range(g)
               if u != v and topology.link(u, v) is not None]
-    shard = make_collective(name, topology.num_ranks, 1).chunk_bytes(size_bytes)   # one rank's part, or a pair's
+    shard = size_bytes / topology.num_ranks   # one rank's part (a pair's block for Alltoall), DESIGN section 4
     rail, node = k - 1, (g - 1) * k
     if name == "alltoall":
         rail, node = (k - 1) * g, (g - 1) * k
@@ -343,14 +343,14 @@ def piece_options(topology: Topology, collective: str, size_bytes: float, target
     load = volumes(topology, name, size_bytes)
 
     def fits(c: int) -> bool:
-        coll = make_collective(name, topology.num_ranks, c)
+        chunks, _ = collective_size(name, topology.num_ranks, c)
         hops = 2 if name == "alltoall" else topology.num_ranks - 1
-        transfers = len(coll.chunks) * hops * (2 if name == "allreduce" else 1)
+        transfers = chunks * hops * (2 if name == "allreduce" else 1)
         return (2 * connection_messages(topology, name, c) <= STEPS_PER_TB[target] * SPREAD_CHANNELS
                 and transfers <= MAX_TRANSFERS and c <= MAX_PIECES)
 
     def tail_us(c: int) -> float:
-        piece = make_collective(name, topology.num_ranks, c).chunk_bytes(size_bytes)
+        piece = size_bytes / (topology.num_ranks * c)
         return (g - 1) * piece / load.node_GBps / BYTES_PER_US_PER_GBPS
 
     c = 1
