@@ -15,19 +15,23 @@ SyCCL-style):
 A chunk of Allgather that starts on ``(n, i)`` follows the rail tree of rail ``i`` from node ``n``, and every GPU
 it reaches on that rail spreads it through its node with the node tree of local origin ``i``. ReduceScatter
 collects along the same tree reversed (node first, then rail), Allreduce collects into the chunk's owner and
-spreads from there. Alltoall goes PXN-style: from ``(n, i)`` to
-``(m, j)`` first over the node to ``(n, j)``, then over rail ``j`` (or rail first, then node).
+spreads from there. Where the node ports, not the NICs, bind (two nodes of an NVSwitch machine), some pieces
+also go NIC to NIC onto another rail (:func:`cross_pieces`) so both finish together. Alltoall goes PXN-style:
+from ``(n, i)`` to ``(m, j)`` first over the node to ``(n, j)``, then over rail ``j`` (or rail first, then
+node), in Latin-square rounds that give every NIC one block per round (:meth:`HierarchyRoutes.explicit`).
 
 **Pipelining.** Each rank's data is cut into ``C`` chunks (pieces); the transfers are ordered by a
-first-come-first-served alpha-beta replay at the request's size (:func:`synth.synthesis.baselines.plans.order_plans`),
-so the node phase of one piece overlaps the rail phase of the next, and rail edges go first among transfers
-ready together (the NICs are the scarce resource). ``C`` is chosen from the size and from the runtime's
-budget of steps per threadblock (:func:`piece_options`): the busiest connection carries about ``K * C``
-messages.
+first-come-first-served alpha-beta replay at the request's size
+(:func:`synth.synthesis.baselines.plans.order_plans`), so the node phase of one piece overlaps the rail phase
+of the next, and rail edges go first among transfers ready together (the NICs are the scarce resource). ``C``
+is chosen from the size and from the runtime's budget of steps per threadblock (:func:`piece_options`): the
+busiest connection carries about ``K * C`` messages, so a GPU needs only ``G - 1`` node peers and its rail
+peers, and the program fits the runtime at scale.
 
-The composed :class:`~synth.schedule.ir.Schedule` is replayed (:func:`synth.schedule.replay.verify`) like any
-other candidate; ``synth solve`` then writes it through the verified writer and the simulator decides.
-"""
+The compositions are independent and may run on an executor (a process pool or Dask,
+:func:`synthesize_hierarchy`). Each composed :class:`~synth.schedule.ir.Schedule` is replayed
+(:func:`synth.schedule.replay.verify`) like any other candidate; ``synth solve`` then writes it through the
+verified writer and the simulator decides."""
 
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Callable
 
+from backends.msccl.limits import max_steps
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
@@ -46,15 +51,14 @@ from synth.synthesis.baselines.plans import Edge, Routes, check_links, order_pla
 from synth.text_enum import TextEnum
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
-# Steps a threadblock may hold (the executor's default build), and the channels a connection may be spread
-# over without running out of the GPU's SMs: the busiest connection's messages must fit both.
-STEPS_PER_TB = {"executor": 64, "legacy": 256}
+# Channels a connection may be spread over without running out of the GPU's SMs: the busiest connection's
+# messages must fit this many threadblocks of the target's steps (backends.msccl.limits.max_steps).
 SPREAD_CHANNELS = 4
 # Transfers a composed program may hold beyond one piece per rank: writing and checking it costs one to two
 # milliseconds per transfer today, so more pieces than this are not worth their last percent.
 MAX_TRANSFERS = 1 << 15
-# A piece's trip (one rail hop and one node hop, store-and-forward) should cost at most this share of the
-# collective's bandwidth time; more pieces only add messages.
+# The last piece's spread through its node (the pipeline's tail) should cost at most this share of the
+# collective's pipelined time; more pieces only add messages.
 PIPELINE_SHARE = 0.02
 MAX_PIECES = 32
 
@@ -346,7 +350,7 @@ def piece_options(topology: Topology, collective: str, size_bytes: float, target
         chunks, _ = collective_size(name, topology.num_ranks, c)
         hops = 2 if name == "alltoall" else topology.num_ranks - 1
         transfers = chunks * hops * (2 if name == "allreduce" else 1)
-        return (2 * connection_messages(topology, name, c) <= STEPS_PER_TB[target] * SPREAD_CHANNELS
+        return (2 * connection_messages(topology, name, c) <= max_steps(target) * SPREAD_CHANNELS
                 and transfers <= MAX_TRANSFERS and c <= MAX_PIECES)
 
     def tail_us(c: int) -> float:
