@@ -129,3 +129,12 @@ def test_crossing_rails_at_two_nodes_beats_the_node_bound():
     schedule = compose(H100X2, "allgather", HierarchyPlan(RailShape.DIRECT, 32, cross=16), GB)
     assert verify(schedule, H100X2, GB).time_us < GB * 7 / 8 / 450e3 * 0.985
     assert any(t.src % 8 != t.dst % 8 for t in _crossing(schedule, H100X2))
+
+
+def test_rails_too_wide_for_one_channel_go_round_a_ring():
+    """On 32 nodes a direct rail gives every GPU 31 NIC peers plus 7 node peers to send to: over one channel's 32."""
+    from synth.synthesis.hierarchy import hierarchy_plans
+
+    wide = load_topology("dgx-h100", nodes=32)
+    assert {p.rail for p in hierarchy_plans(wide, "allgather", GB)} == {RailShape.RING}
+    assert {p.rail for p in hierarchy_plans(H100X4, "allgather", GB)} == set(RailShape)

@@ -40,7 +40,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Callable
 
-from backends.msccl.limits import max_steps
+from backends.msccl.limits import MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
@@ -389,6 +389,10 @@ def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, targ
     if name == "alltoall":
         return [HierarchyPlan(RailShape.DIRECT, c, order) for order in AlltoallOrder for c in counts]
     shapes = list(RailShape) if topology.num_nodes > 2 else [RailShape.DIRECT]   # on two nodes they agree
+    if topology.num_nodes - 1 + topology.gpus_per_node - 1 > MAX_TBS_PER_CHANNEL_DIRECTION:
+        # a direct rail sends to every other node: with the node's peers that is more sending threadblocks than
+        # one channel holds (32 on 32 nodes of 8 GPUs: 38), and the writer's fused fallback simulates at 59%
+        shapes = [RailShape.RING]
     plans = [HierarchyPlan(shape, c) for shape in shapes for c in counts]
     trees = node_trees(topology)
     return plans + [HierarchyPlan(RailShape.DIRECT, c, cross=x) for c in counts
