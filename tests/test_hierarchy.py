@@ -138,3 +138,11 @@ def test_rails_too_wide_for_one_channel_go_round_a_ring():
     wide = load_topology("dgx-h100", nodes=32)
     assert {p.rail for p in hierarchy_plans(wide, "allgather", GB)} == {RailShape.RING}
     assert {p.rail for p in hierarchy_plans(H100X4, "allgather", GB)} == set(RailShape)
+
+
+def test_more_pieces_are_kept_only_when_clearly_faster():
+    found = synthesize_hierarchy(load_topology("ndv2", nodes=2), "allgather", 1 << 20)
+    for a in found:
+        for b in found:
+            if len(b.schedule.transfers) > len(a.schedule.transfers):
+                assert b.report.time_us < a.report.time_us * 0.98
