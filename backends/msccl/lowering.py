@@ -158,10 +158,12 @@ def _plan_ops(schedule: Schedule, fuse: bool):
     return plans, layout
 
 
-def _assign_threadblocks(plans, spread: dict | None = None) -> list:
+def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, group: int = 1) -> list:
     """Give every op a threadblock key (chan, recv peer, send peer); returns fused ops that found no channel.
 
-    ``spread`` (plain lowering only) maps transfers to the channel they travel on, to split long connections.
+    ``spread`` maps transfers to the channel they travel on, to split long connections. ``replicas`` > 1 splits
+    the fused chains by chunk (:func:`spread_index`) into that many sets on disjoint channels: each threadblock
+    of a chain then holds about 1/``replicas`` of its steps.
     """
     # Chains of fused ops: follow each fused op's outgoing transfer to the op that receives it.
     recv_op = {}
@@ -176,17 +178,26 @@ def _assign_threadblocks(plans, spread: dict | None = None) -> list:
     fed_by_fused = {op.send for op in fused_ops}
     heads = [op for op in fused_ops if op.recv not in fed_by_fused]
     visited = set()
+    chains = []
     for start in sorted(heads, key=lambda o: (o.position, o.recv.dst)):
         if id(start) in visited:
             continue
         chain = [start]
+        in_chain = {id(start)}
         nxt = recv_op.get(start.send)
-        while nxt is not None and nxt.send is not None and id(nxt) not in visited and nxt not in chain:
+        while nxt is not None and nxt.send is not None and id(nxt) not in visited and id(nxt) not in in_chain:
             chain.append(nxt)
+            in_chain.add(id(nxt))
             nxt = recv_op.get(nxt.send)
         for op in chain:
             visited.add(id(op))
+        chains.append(chain)
+    replica_of_channel: dict[int, int] = {}
+    for chain in chains:
+        replica = spread_index(chain[0].recv.chunk, replicas, group)
         for ch in range(1, MAX_CHANNELS):
+            if replica_of_channel.setdefault(ch, replica) != replica:
+                continue
             if all(_fits(used[(op.recv.dst, ch)], op.recv.src, op.send.dst) for op in chain):
                 for op in chain:
                     slots = used[(op.recv.dst, ch)]
@@ -196,6 +207,7 @@ def _assign_threadblocks(plans, spread: dict | None = None) -> list:
                 break
         else:
             unplaced.extend(chain)   # no channel left: these are unfused by the caller
+    unplaced += [op for op in fused_ops if id(op) not in visited]   # a cycle of fused ops has no head
     # Transfers carried on a fused channel must use that channel at their other end too.
     transfer_chan = dict(spread or {})
     for plan in plans:
@@ -210,7 +222,8 @@ def _assign_threadblocks(plans, spread: dict | None = None) -> list:
             if op.kind == "cpy":
                 op.tb_key = (0, -1, -1)
             elif op.recv is not None and op.send is not None:
-                op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
+                if id(op) in channel_of:     # else unplaced: the caller unfuses it and assigns again
+                    op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
             elif op.recv is not None:
                 ch = transfer_chan.get(op.recv, 0)
                 partner = used[(r, ch)].get(("in", op.recv.src), -1) if ch else -1
@@ -258,20 +271,22 @@ def _connection_orders_agree(plans) -> list:
 
 def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = None, target: str = "executor",
                    proto: str = "Simple", name: str | None = None, min_bytes: int = 0,
-                   max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1) -> MscclProgram:
+                   max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1,
+                   group: int = 1) -> MscclProgram:
     """Lower a verified Schedule to an MSCCL program (threadblocks, channels, steps, dependencies).
 
     ``topology`` and ``size_bytes`` are accepted for a uniform backend signature; the program itself does not
-    depend on them (MSCCL selects it by size range through ``min_bytes``/``max_bytes``). ``channels`` > 1 (plain
-    lowering) sends the k-th message of every connection on channel ``k % channels``, so each threadblock holds
-    a share of a long connection's steps (the executor runs at most 64 per threadblock).
+    depend on them (MSCCL selects it by size range through ``min_bytes``/``max_bytes``). ``channels`` > 1 sends
+    groups of ``group`` consecutive chunks round robin over that many channels (fused: over that many sets of
+    channels), so each threadblock holds a share of a long connection's steps (the executor runs at most 64 per
+    threadblock); :mod:`backends.msccl.merge` can then merge each group into one step.
     """
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
     plans, layout = _plan_ops(schedule, fuse)
-    spread = None if fuse or channels <= 1 else _spread_over_channels(schedule, channels)
+    spread = None if channels <= 1 else _spread_over_channels(schedule, channels, group)
     for _ in range(8):
-        bad = _assign_threadblocks(plans, spread)
+        bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
         bad = bad or _connection_orders_agree(plans)
         if not bad:
             break
@@ -281,13 +296,14 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
             plan.ops.extend(extra)
     else:
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
-                              channels)
+                              channels, group)
     coll = schedule.collective
     peers = _PeerSlots({op.send: op.src for plan in plans for op in plan.ops if op.send is not None},
                        {op.recv: op.dst for plan in plans for op in plan.ops if op.recv is not None})
-    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology) for plan in plans]
-    nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     inplace = 0 if coll.name == "alltoall" else 1
+    gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology, inplace)
+            for plan in plans]
+    nchannels = 1 + max((tb.chan for g in gpus for tb in g.tbs), default=0)
     return MscclProgram(
         name=name or safe_name(f"synth_{coll.name}_{schedule.topology}_s{schedule.steps}_c{coll.chunks_per_rank}"),
         proto=proto, nchannels=nchannels, ngpus=coll.num_ranks,
@@ -315,14 +331,19 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
         previous[port] = op
 
 
-def _spread_over_channels(schedule: Schedule, channels: int) -> dict:
-    """Channel of every transfer: its position on its connection, round robin (both ends see one order)."""
-    count = defaultdict(int)
-    chan = {}
-    for t in schedule.ordered():
-        chan[t] = count[(t.src, t.dst)] % channels
-        count[(t.src, t.dst)] += 1
-    return chan
+def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1) -> dict:
+    """Channel of every transfer: :func:`spread_index` of its chunk (both ends of a connection agree)."""
+    return {t: spread_index(t.chunk, channels, group) for t in schedule.transfers}
+
+
+def spread_index(chunk: int, channels: int, group: int = 1) -> int:
+    """Which of ``channels`` a chunk travels on: groups of ``group`` consecutive chunks, round robin.
+
+    Round robin keeps each channel's messages in the schedule's order (a pipelined schedule sends its chunks
+    in order, so every channel progresses alike, as planned); groups of consecutive chunks stay on one channel,
+    so they can merge into one step of ``cnt = group`` (:mod:`backends.msccl.merge` cuts at the same multiples).
+    """
+    return (chunk // max(1, group)) % channels
 
 
 def channels_needed(program: MscclProgram, target: str = "executor") -> int:
@@ -383,7 +404,7 @@ class _PeerSlots:
         return op.src, op.dst
 
 
-def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None) -> Gpu:
+def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None, inplace: int = 1) -> Gpu:
     by_tb = defaultdict(list)
     for op in plan.ops:
         by_tb[op.tb_key].append(op)
@@ -396,7 +417,9 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
     for k in keys:
         for i, op in enumerate(by_tb[k]):
             where[id(op)] = (k, i)
-    _add_dependencies(plan.ops, lambda slot: _memory_key(slot, coll, plan.rank))
+    # only an in-place program's i and o alias (an out-of-place one waiting for them only stalls)
+    _add_dependencies(plan.ops, (lambda slot: _memory_key(slot, coll, plan.rank)) if inplace
+                      else (lambda slot: slot))
     if topology is not None:
         _order_shared_ports(plan.ops, topology)
     published = {id(d) for op in plan.ops for d in op.deps}

@@ -1,8 +1,9 @@
 """The one way synth writes MSCCL XML: every file is lowered with its topology, rendered, read back and judged.
 
 :func:`emit_verified_xml` lowers a schedule both ways (fused ``rcs``/``rrs`` chains, and plain separate
-send/receive threadblocks, which are deadlock-free even with rendezvous sends; spread over more channels when a
-connection has more messages than a threadblock may hold steps). Each variant is rendered, the *text* is parsed
+send/receive threadblocks, which are deadlock-free even with rendezvous sends), each fitted to the runtime's limits
+and the GPU's SM count by :func:`backends.msccl.fit.fit_lowering` (connections spread over channels, contiguous
+chunks merged into ``cnt > 1`` steps only as far as needed). Each variant is rendered, the *text* is parsed
 back with our parser and judged by :func:`backends.msccl.verdict.check_text` for the target, exactly as
 ``synth check`` judges a file (lexical rules, runtime rules and limits, data-exact execution). Of the variants
 that pass, the one the simulator times fastest on the topology at the requested size (with the runtime's FIFO
@@ -28,7 +29,8 @@ from synth.schedule.ir import Schedule
 
 from backends.msccl.ir import LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
 from backends.msccl.limits import LIMIT_KINDS
-from backends.msccl.lowering import DEFAULT_MAX_BYTES, channels_needed, lower_to_msccl, render_msccl_xml
+from backends.msccl.fit import Fit, Lowering, fit_lowering
+from backends.msccl.lowering import DEFAULT_MAX_BYTES, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
 
@@ -50,6 +52,7 @@ class EmittedXml:
     channels: int
     simulated_us: float | None   # with the runtime's FIFO depth; None without a size
     candidate: int = 0
+    lowering: Lowering | None = None
 
 
 def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "executor",
@@ -61,38 +64,23 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     _check_collective_known(schedule, target)
     failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
     passing: list[EmittedXml] = []
-    variants = [(True, 1), (False, 1)]
-    for fuse, channels in variants:
-        program = lower_to_msccl(schedule, topology=topology, target=target, fuse=fuse, channels=channels,
-                                 proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
-        label = "fused" if fuse else "plain"
-        unsafe = sorted(set(program.name) - NAME_ALPHABET)
-        if unsafe or len(program.name) > MAX_ATTR_LEN:
-            raise BackendError(f"algorithm name {program.name!r} holds characters the MSCCL lexers cannot take "
-                               f"({''.join(unsafe)!r}) or is over {MAX_ATTR_LEN} characters; use letters, digits "
-                               "and _-.,:=+()")
-        text = render_msccl_xml(program)
-        try:
-            report = check_text(text, f"<{label} lowering>", target, sms=topology.sms_per_gpu)
-        except InputError as exc:   # our own text does not parse back: a bug, never written
-            failures.append((f"{label} lowering does not parse back: {exc}", False))
+    options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
+    for fuse in (True, False):
+        fit = fit_lowering(schedule, topology, target, fuse, **options)
+        label = fit.lowering.label
+        _check_name(fit.program.name)
+        if not fit.fits:
+            failures.append((f"{label} lowering breaks a runtime rule: {fit.reason()}", True))
             continue
-        errors = report.errors()
-        if errors:
-            limit = any(f.kind in LIMIT_KINDS or f.runtimes != ("executor", "legacy") for f in errors)
-            if limit and not fuse and channels == 1 and channels_needed(program, target) > 1:
-                variants.append((False, channels_needed(program, target) + 1))  # +1: round robin is not exact
-            what = "breaks a runtime rule" if limit else "fails its check"
-            failures.append((f"{label} lowering {what}: " + "; ".join(str(f) for f in errors[:3]), limit))
-            continue
-        parsed = [without_lines(r.program) for r in report.algos]
-        if parsed != [program]:   # the text says something else than the program: never written
-            failures.append((f"{label} lowering reads back as a different program", False))
-            continue
-        [parsed] = parsed
-        time_us = simulate_program(parsed, topology, size_bytes).time_us if size_bytes else None
-        passing.append(EmittedXml(text, parsed, target, fuse, sum(len(g.tbs) for g in parsed.gpus),
-                                  parsed.nchannels, time_us))
+        emitted, failure = _judge(fit, topology, target, size_bytes)
+        if emitted is None and fit.lowering.max_cnt > 1:   # merged steps that wait too long: merge strictly
+            strict = fit_lowering(schedule, topology, target, fuse, strict_merge=True, **options)
+            if strict.fits:
+                emitted, failure = _judge(strict, topology, target, size_bytes)
+        if emitted is None:
+            failures.append(failure)
+        else:
+            passing.append(emitted)
     if not passing:
         if all(limit for _, limit in failures):
             raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")
@@ -103,6 +91,38 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
                 and other.simulated_us < best.simulated_us * (1 - TIE):
             best = other
     return best
+
+
+def _judge(fit: Fit, topology: Topology, target: str, size_bytes: int | None
+           ) -> tuple[EmittedXml | None, tuple[str, bool]]:
+    """Render a fitted program, judge the text as ``synth check`` does, time it; or say why it failed."""
+    label = fit.lowering.label
+    program = fit.program
+    text = render_msccl_xml(program)
+    try:
+        report = check_text(text, f"<{label} lowering>", target, sms=topology.sms_per_gpu)
+    except InputError as exc:   # our own text does not parse back: a bug, never written
+        return None, (f"{label} lowering does not parse back: {exc}", False)
+    errors = report.errors()
+    if errors:
+        limit = any(f.kind in LIMIT_KINDS or f.runtimes != ("executor", "legacy") for f in errors)
+        what = "breaks a runtime rule" if limit else "fails its check"
+        return None, (f"{label} lowering {what}: " + "; ".join(str(f) for f in errors[:3]), limit)
+    parsed = [without_lines(r.program) for r in report.algos]
+    if parsed != [program]:   # the text says something else than the program: never written
+        return None, (f"{label} lowering reads back as a different program", False)
+    [parsed] = parsed
+    time_us = simulate_program(parsed, topology, size_bytes).time_us if size_bytes else None
+    return EmittedXml(text, parsed, target, fit.lowering.fuse, sum(len(g.tbs) for g in parsed.gpus),
+                      parsed.nchannels, time_us, lowering=fit.lowering), ("", False)
+
+
+def _check_name(name: str) -> None:
+    unsafe = sorted(set(name) - NAME_ALPHABET)
+    if unsafe or len(name) > MAX_ATTR_LEN:
+        raise BackendError(f"algorithm name {name!r} holds characters the MSCCL lexers cannot take "
+                           f"({''.join(unsafe)!r}) or is over {MAX_ATTR_LEN} characters; use letters, digits "
+                           "and _-.,:=+()")
 
 
 def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, target: str = "executor",

@@ -40,13 +40,14 @@ from synth.model.collectives import Collective, make_collective, normalize_name
 from synth.errors import InfeasibleError, InputError, SolverError, SynthError
 from synth.bounds.physical import bandwidth_bound_us
 from synth.schedule.replay import verify
-from synth.schedule.list_scheduler import book_in_order, list_schedule
+from synth.schedule.list_scheduler import book_in_order, list_schedule, reverse_in_time
 from synth.schedule.transforms import (CollectiveProblem, Concatenation, Reversal, cut_into_pieces, reduction_for,
                                        split_collective)
 from synth.formulations.routes import (AlphaBetaProblem, Routes, is_symmetric, make_problem, route_loads, routes_from_schedule,
                      shortest_path_routes)
 from synth.schedule.ir import Schedule
 from synth.model.sketch import Sketch, load_sketch
+from synth.solver.deadline import UNBOUNDED, Deadline
 from synth.solver.highs import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, SolverOptions, Status, solve_model
 from synth.synthesis.baselines import BaselineRun, BaselineTable, evaluate_baselines
 from synth.synthesis.steps import SynthesisResult
@@ -242,8 +243,11 @@ def _solve(problem: CollectiveProblem, search: _Search) -> _Solved:
 def _reversal(reduction: Reversal, search: _Search) -> _Solved:
     (dual,) = reduction.apply()
     forward = _solve(dual, search)
-    schedule = reduction.invert([forward.schedule])
-    report = verify(schedule, reduction.problem.topology, search.size_bytes)
+    problem = reduction.problem
+    coll = make_collective(problem.collective, problem.topology.num_ranks,
+                           forward.schedule.collective.chunks_per_rank, problem.root)
+    schedule = reverse_in_time(forward.schedule, problem.topology, coll, search.size_bytes, forward.schedule.method)
+    report = verify(schedule, problem.topology, search.size_bytes)
     record = dict(forward.record, reversal_of=reduction.dual)
     return replace(forward, schedule=schedule, time_us=report.time_us, record=record)
 
@@ -294,7 +298,7 @@ def _search_chunks(problem: CollectiveProblem, search: _Search) -> _Solved:
         floor, load = solved.bandwidth_floor_us, solved.best_load_us
         bandwidth_bound = load >= 0.5 * solved.time_us
         if c >= MAX_AUTO_CHUNKS or floor <= 0 or load <= floor * (1 + CHUNK_ESCALATION_GAP) or not bandwidth_bound \
-                or time.perf_counter() > deadline:
+                or time.perf_counter() > deadline or search.options.deadline.expired:
             return best
         c *= 2
 
@@ -333,7 +337,8 @@ def _direct(topology: Topology, coll: Collective, sketch: Sketch | None, search:
             route_sets.append(("timexp", outcome.routes))
     status, gap, notes = outcome.status, outcome.gap, outcome.record
     notes["start"] = start_label
-    candidates = _evaluate(problem, route_sets, outcome.booked, piece_options, size_bytes, method)
+    candidates = _evaluate(problem, route_sets, outcome.booked, piece_options, size_bytes, method,
+                           options.deadline)
     if baseline is not None and _baseline_allowed(problem, baseline.schedule):
         candidates.append(Candidate(f"baseline:{baseline.name}", baseline.schedule, baseline.report.time_us))
     if exact_chunks is not None:
@@ -412,8 +417,9 @@ def _piece_routes(routes: Routes, pieces: int) -> list[tuple[int, ...]]:
 
 
 def _evaluate(problem: AlphaBetaProblem, route_sets, booked: tuple[_Booked, ...], piece_options, size_bytes,
-              method) -> list[Candidate]:
-    """List-schedule every route set at every piece count (and book MILP orders), verify, return candidates."""
+              method, deadline: Deadline = UNBOUNDED) -> list[Candidate]:
+    """List-schedule every route set at every piece count (and book MILP orders), verify, return candidates;
+    once ``deadline`` has passed, the candidates built so far (at least one)."""
     topo = problem.topology
     own_first = problem.sketch.internode.own_chunks_first
     out = []
@@ -424,6 +430,8 @@ def _evaluate(problem: AlphaBetaProblem, route_sets, booked: tuple[_Booked, ...]
             continue
         seen.add(key)
         for k in piece_options:
+            if out and deadline.expired:
+                return out
             coll = split_collective(problem.collective, k) if k > 1 else problem.collective
             sched = list_schedule(topo, coll, _piece_routes(routes, k), size_bytes, f"alpha-beta:{method}",
                                   own_first=own_first, notes={"routes": label, "pieces": k})

@@ -168,6 +168,23 @@ def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -
     return Candidate(f"baseline/{run.name}", result, run.report)
 
 
+def timed_phase(name: str, run: Callable[[], list[Candidate]], request: SynthesisRequest,
+                progress: Progress = _quiet) -> list[Candidate]:
+    """One source of candidates under the request's search deadline: skipped when the time is already up, and
+    when the deadline cuts it before it found anything, the other sources' candidates still count."""
+    deadline = request.search_deadline
+    if deadline.expired:
+        progress(f"  {name}: skipped (time limit reached)")
+        return []
+    try:
+        return run()
+    except (NoSolutionError, InfeasibleError) as exc:
+        if not deadline.expired:
+            raise
+        progress(f"  {name}: cut by the time limit ({exc})")
+        return []
+
+
 def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
     """Every verified candidate for the request, fastest first. Raises InfeasibleError when there is none.
 
@@ -184,7 +201,7 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
         and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
     if use_steps:
         try:
-            found += step_candidates(request, progress)
+            found += timed_phase("step search", lambda: step_candidates(request, progress), request, progress)
         except (InfeasibleError, NoSolutionError) as exc:
             if method == Method.STEPS or request.fixed_steps:
                 raise
@@ -192,12 +209,15 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
     hierarchy = method == Method.HIERARCHY or (request.open_choice and request.sketch is None
                                                and hierarchy_applies(request))
     if hierarchy:
-        found += hierarchy_candidates(request, progress)
+        found += timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request, progress)
     flat = request.open_choice and not (hierarchy and topology.num_ranks > FLAT_SEARCH_MAX_RANKS)
     if method in (Method.ROUTED, Method.TIMEXP) or flat:
-        found.append(alpha_beta_candidate(request, progress))
+        found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
     if method == Method.TREES or (flat and request.sketch is None and request.collective != "alltoall"):
-        found += tree_candidates(request, progress)
+        found += timed_phase("tree packing", lambda: tree_candidates(request, progress), request, progress)
+    if flat and request.sketch is None and request.collective == "alltoall":
+        from synth.synthesis.alltoall import alltoall_candidates
+        found += timed_phase("alltoall paths", lambda: alltoall_candidates(request, progress), request, progress)
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:
@@ -206,6 +226,9 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
         runnable = [c for c in found if c.result.schedule.collective.runs_at_power_of_two_sizes]
         if runnable:
             found = runnable
+    if not found and request.search_deadline.expired:
+        raise NoSolutionError("no verified schedule within the time limit" + (f" ({'; '.join(errors)})" if errors
+                                                                                else "") + "; raise --time-limit")
     if not found:
         raise InfeasibleError("no schedule found" + (f": {'; '.join(errors)}" if errors else ""))
     return sorted(found, key=lambda c: c.report.time_us)

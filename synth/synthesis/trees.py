@@ -6,11 +6,11 @@
    element counts the runtimes see) the packing MILP assigns chunks to trees minimising the busiest link or
    switch port; :func:`synth.formulations.trees.decompose` splits the integer capacities into trees.
 3. **schedule**: every chunk follows its tree; the list scheduler (:mod:`synth.schedule.list_scheduler`) orders and
-   times the transfers at the requested size (whole chunks, store-and-forward); the result is replayed
-   (:func:`synth.schedule.replay.verify`).
+   times the transfers at the requested size (whole chunks, store-and-forward, the runtime's FIFO depth); the
+   result is replayed (:func:`synth.schedule.replay.verify`).
 
-Reductions are the time reversal of the broadcast-type packing on the reversed topology (in-trees: ReduceScatter
-from Allgather, Reduce from Broadcast, Gather from Scatter); Allreduce is ReduceScatter then Allgather with the
+Reductions use the in-trees of the broadcast-type packing on the reversed topology (ReduceScatter from Allgather,
+Reduce from Broadcast, Gather from Scatter), booked forward in the order of its time reversal; Allreduce is ReduceScatter then Allgather with the
 same chunks per rank.
 
 ``C`` follows from the size (:func:`pipeline_chunks`: enough chunks that the first chunk's trip is a small share
@@ -31,10 +31,10 @@ from synth.model.collectives import make_collective, normalize_name
 from synth.model.symmetry import free_symmetry_group
 from synth.model.topology import Topology, check_connected, reverse_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
-from synth.schedule.ir import COPY, Schedule
-from synth.schedule.list_scheduler import list_schedule
+from synth.schedule.ir import Schedule
+from synth.schedule.list_scheduler import list_schedule, reverse_in_time
 from synth.schedule.replay import verify
-from synth.schedule.transforms import CollectiveProblem, reduction_for, reverse_schedule
+from synth.schedule.transforms import CollectiveProblem, reduction_for
 from synth.solver.highs import FEASIBLE, OPTIMAL, SolverOptions
 from synth.synthesis.baselines import find_ring
 
@@ -86,12 +86,14 @@ class TreesResult:
 
 @dataclass(frozen=True)
 class _Phase:
-    """One broadcast-type packing, scheduled (forward, on the topology it was solved on)."""
+    """One broadcast-type packing: every chunk's out-tree (link indices of the topology it was solved on,
+    parents first) and the chunk size at the request's size (bytes)."""
 
-    schedule: Schedule
+    routes: tuple[tuple[int, ...], ...]
     packing: Packing
     fractional_units: float
     num_trees: int
+    chunk_bytes: float
 
 
 def synthesize_trees(topology: Topology, collective_name: str, size_bytes: float, root: int | None = None,
@@ -162,7 +164,7 @@ def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float,
     name = normalize_name(collective_name)
     bound = lower_bound(name, topology, size_bytes, root=root)
     slowest = min(link.capacity_GBps for link in topology.links) * BYTES_PER_US_PER_GBPS
-    hops = topology.num_ranks - 1 if name in ("broadcast", "reduce") else bound.hops   # chains, see _phase
+    hops = topology.num_ranks - 1 if name in ("broadcast", "reduce") else bound.hops   # chains, see _pack
     c = 1
     while c < MAX_CHUNKS:
         chunk_bytes = make_collective(name, topology.num_ranks, c, root).chunk_bytes(size_bytes)
@@ -180,7 +182,7 @@ def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesRe
     if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
         return None
     report = verify(schedule, topology, size_bytes)
-    chunk_bytes = phases[0].schedule.collective.chunk_bytes(size_bytes)
+    chunk_bytes = phases[0].chunk_bytes
     frac = sum(p.fractional_units for p in phases) * chunk_bytes / BYTES_PER_US_PER_GBPS
     integer = sum(p.packing.units for p in phases) * chunk_bytes / BYTES_PER_US_PER_GBPS
     gaps = [p.packing.gap for p in phases]
@@ -192,26 +194,36 @@ def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesRe
 
 
 def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions) -> tuple[Schedule, list[_Phase]]:
-    """The problem's schedule and the packings it is made of: reductions (:func:`reduction_for`) from their
-    parts; Gather as the reversal of Scatter on the reversed topology with copies (a non-combining reversal);
-    the broadcast-type collectives directly."""
+    """The problem's schedule and the packings it is made of. In-tree collectives (ReduceScatter, Reduce, and
+    Gather with copies) pack and schedule their broadcast-type dual on the reversed topology, and every chunk
+    takes the reversed trees, booked forward in time in the reversal's order
+    (:func:`synth.schedule.list_scheduler.reverse_in_time`: the plan sees the order in which partial sums meet
+    and the runtime's FIFOs); Allreduce is made of its parts (:func:`reduction_for`); the others are packed
+    directly."""
+    chunks = problem.chunks_per_rank
+    topology = problem.topology
+    if problem.collective in REVERSAL_OF:
+        reversed_topology = reverse_topology(topology)
+        dual = REVERSAL_OF[problem.collective]
+        phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options)
+        forward = list_schedule(reversed_topology, make_collective(dual, topology.num_ranks, chunks, problem.root),
+                                phase.routes, size_bytes, "trees", fifo_depth=None)
+        return reverse_in_time(forward, topology, _collective(problem, chunks), size_bytes, "trees"), [phase]
     reduction = reduction_for(problem)
     if reduction is not None:
         solved = [_schedule(sub, size_bytes, options) for sub in reduction.apply()]
         return reduction.invert([s for s, _ in solved]), [p for _, phases in solved for p in phases]
-    chunks = problem.chunks_per_rank
-    if problem.collective in REVERSAL_OF:
-        dual = REVERSAL_OF[problem.collective]
-        phase = _phase(reverse_topology(problem.topology), dual, size_bytes, problem.root, chunks, options)
-        coll = make_collective(problem.collective, problem.topology.num_ranks, chunks, problem.root)
-        schedule = reverse_schedule(phase.schedule, coll, problem.topology.name)
-        return replace(schedule, transfers=tuple(replace(t, op=COPY) for t in schedule.transfers)), [phase]
-    phase = _phase(problem.topology, problem.collective, size_bytes, problem.root, chunks, options)
-    return phase.schedule, [phase]
+    phase = _pack(topology, problem.collective, size_bytes, problem.root, chunks, options)
+    return list_schedule(topology, _collective(problem, chunks), phase.routes, size_bytes, "trees"), [phase]
 
 
-def _phase(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions) -> _Phase:
-    """Pack, integerize, decompose and list-schedule one broadcast-type collective on ``topology``.
+def _collective(problem: CollectiveProblem, chunks: int):
+    return make_collective(problem.collective, problem.topology.num_ranks, chunks, problem.root)
+
+
+def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions
+          ) -> _Phase:
+    """Pack, integerize and decompose one broadcast-type collective on ``topology`` into every chunk's out-tree.
 
     The fractional optimum is taken from the max-flow bound (equal to the packing LP, which the tests check on
     every built-in topology, and much faster than the LP on a switch's all-pairs links)."""
@@ -238,8 +250,7 @@ def _phase(topology: Topology, name: str, size_bytes: float, root, chunks: int, 
                     routes[ids[j]] = links
                     j += 1
                 num_trees += 1
-    schedule = list_schedule(topology, coll, routes, size_bytes, "trees")
-    return _Phase(schedule, packing, fractional_units, num_trees)
+    return _Phase(tuple(routes), packing, fractional_units, num_trees, coll.chunk_bytes(size_bytes))
 
 
 def _ring_chain(topology: Topology, commodities) -> tuple[tuple[int, ...], ...] | None:
