@@ -47,6 +47,7 @@ from synth.model.topology import Topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import Schedule, Transfer, collective_size
 from synth.schedule.replay import ReplayReport, verify
+from synth.solver.deadline import UNBOUNDED, Deadline
 from synth.synthesis.baselines.plans import Edge, Routes, check_links, order_plans, plan_collective
 from synth.text_enum import TextEnum
 
@@ -402,11 +403,13 @@ def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, targ
 def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float, root: int | None = None,
                          target: str = "executor", pieces: int | None = None,
                          progress: Callable[[str], None] = lambda message: None,
-                         executor: Executor | None = None) -> list[HierarchyCandidate]:
+                         executor: Executor | None = None, deadline: Deadline = UNBOUNDED
+                         ) -> list[HierarchyCandidate]:
     """Every composition of :func:`hierarchy_plans`, composed and replayed, fastest first (ties: plan order).
 
     The compositions are independent: with an ``executor`` (a process pool, or a Dask cluster's
-    ``client.get_executor()``) they run there, and the result is the same as in this process.
+    ``client.get_executor()``) they run there, and the result is the same as in this process. Once ``deadline``
+    has passed, the compositions done so far (at least one) are the answer.
     """
     check_applicable(topology, collective)
     nodes = node_trees(topology)
@@ -418,9 +421,13 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
                    for p in plans]
         results = (f.result() for f in futures)
     out = []
-    for c in results:
-        progress(f"  {c.plan.label(collective)}: {c.report.time_us:.2f} us ({len(c.schedule.transfers)} transfers)")
+    for k, c in enumerate(results, 1):
+        progress(f"  [{k}/{len(plans)}] {c.plan.label(collective)}: {c.report.time_us:.2f} us "
+                 f"({len(c.schedule.transfers)} transfers)")
         out.append(c)
+        if deadline.expired and k < len(plans):
+            progress(f"  time limit reached: {len(plans) - k} composition(s) not tried")
+            break
     return worth_writing(out)
 
 

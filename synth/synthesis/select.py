@@ -147,7 +147,7 @@ def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet)
                          "auto|routed|timexp")
     found = []
     for c in synthesize_hierarchy(request.topology, request.collective, request.size_bytes, request.root,
-                                  request.target, request.chunks, progress):
+                                  request.target, request.chunks, progress, deadline=request.search_deadline):
         schedule = c.schedule
         result = SynthesisResult(schedule, Status.FEASIBLE, c.seconds, None, c.symmetry_order, schedule.steps,
                                  None, schedule.collective.chunks_per_rank)
