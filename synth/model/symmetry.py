@@ -264,7 +264,10 @@ class SymmetryGroup:
     def link_images(self, topology: Topology) -> np.ndarray:
         """``images[g, l]``: the index of the link permutation ``g`` maps link ``l`` onto."""
         src, dst = topology.link_endpoints()
-        return topology.link_indices(self.perms[:, src], self.perms[:, dst]).reshape(self.order, len(src))
+        images = np.empty((self.order, len(src)), dtype=np.int64)
+        for g, perm in enumerate(self.perms):      # a row at a time: 256 x 65,280 links of a 32-node cluster
+            images[g] = topology.link_indices(perm[src], perm[dst])
+        return images
 
     def link_orbit_reps(self, topology: Topology) -> np.ndarray:
         """The smallest link index in every link's orbit (one entry per link)."""
