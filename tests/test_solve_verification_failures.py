@@ -13,7 +13,7 @@ def test_a_candidate_failing_verification_is_skipped_and_a_verified_one_written(
     failed = []
 
     def emit(schedule, *args, **kwargs):
-        if schedule.method != "baseline" and not failed:
+        if not schedule.method.startswith("baseline") and not failed:
             failed.append(schedule.method)
             raise VerificationError("the lowered MSCCL program fused lowering fails its check: deadlock")
         return real(schedule, *args, **kwargs)
