@@ -19,6 +19,7 @@ send/receive) and says which fit, or the exact limit that rules the schedule out
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from math import ceil
 
@@ -120,11 +121,14 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     """The lowering of ``schedule`` with the smallest ``max_cnt``, then the fewest channels, that fits ``target``
     and the topology's SMs; when none does, the closest miss (its ``broken`` says why).
 
-    Each trial lowers the schedule once (linear in its transfers); at most :data:`MAX_TRIALS` are tried.
+    The search starts at the channels the longest connection needs unmerged; each trial lowers the schedule once
+    (linear in its transfers); at most :data:`MAX_TRIALS` are tried.
     """
     limit = max_steps(target)
     sms = topology.sms_per_gpu
-    channels, max_cnt = 1, 1
+    # a connection's messages need at least this many channels of ``limit`` steps (unmerged): start there
+    longest = max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
+    channels, max_cnt = max(1, min(MAX_CHANNELS - 1, ceil(longest / limit))), 1
     best: Fit | None = None
     tried = set()
     for _ in range(MAX_TRIALS):
