@@ -123,6 +123,25 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
 
     The search starts at the channels the longest connection needs unmerged; each trial lowers the schedule once
     (linear in its transfers); at most :data:`MAX_TRIALS` are tried.
+
+    Examples
+    --------
+    A broadcast pipelined in 200 pieces down the chain 0 -> 1 -> 2 -> 3 of ``ring-4``: 200 messages per
+    connection, 64 steps per threadblock on the executor. With SMs to spare the pieces go round robin over 4
+    channels; on a GPU of 2 SMs (one send and one receive threadblock) they travel 4 to a step instead.
+
+    >>> from dataclasses import replace
+    >>> from synth.model.collectives import make_collective
+    >>> from synth.model.topology import load_topology
+    >>> from synth.schedule.ir import Schedule, Transfer
+    >>> chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(200) for r in range(3))
+    >>> schedule = Schedule(make_collective("broadcast", 4, 200, 0), "ring-4", chain, 202)
+    >>> fit_lowering(schedule, load_topology("ring-4")).lowering.label
+    'fused (4 channels)'
+    >>> small = replace(load_topology("ring-4"), sms_per_gpu=2)
+    >>> fit = fit_lowering(schedule, small, fuse=False)
+    >>> fit.lowering.label, fit.tbs_per_gpu, fit.steps_per_tb
+    ('plain (cnt <= 4)', 2, 50)
     """
     limit = max_steps(target)
     sms = topology.sms_per_gpu
