@@ -131,7 +131,9 @@ def test_out_of_time_the_best_baseline_is_written_with_status_time_limit():
                                                                                 True)
     assert {"  step search: skipped (time limit reached)", "  alpha-beta: skipped (time limit reached)",
             "  tree packing: skipped (time limit reached)"} <= set(messages)
-    # one file written and simulated, the slower ones left
+    # out of time, the smallest program is written first (quickest to lower and check), and only it
+    sizes = [len(c.result.schedule.transfers) for c in solution.candidates]
+    assert len(solution.chosen.candidate.result.schedule.transfers) == min(sizes) < max(sizes)
     assert sum(m.startswith("  writing ") for m in messages) == 1
     assert any(m.startswith("  time limit reached: ") for m in messages)
 
@@ -162,3 +164,39 @@ def test_cli_tiny_limit_writes_a_verified_plan_and_says_the_limit_cut_the_search
     assert "status time-limit: the 0.5 s limit cut the search" in r.stderr
     check = CliRunner().invoke(main, ["check", str(out), "--target", "executor"])
     assert check.exit_code == 0, check.output
+
+
+def test_hierarchy_stops_composing_at_the_deadline_and_counts_its_sub_problems():
+    from synth.synthesis.hierarchy import hierarchy_plans, synthesize_hierarchy
+
+    topology = load_topology("dgx-h100", nodes=4)
+    assert len(hierarchy_plans(topology, "allgather", 1 << 20)) > 1
+    messages = []
+    found = synthesize_hierarchy(topology, "allgather", 1 << 20, progress=messages.append,
+                                 deadline=expired_deadline())
+    total = len(hierarchy_plans(topology, "allgather", 1 << 20))
+    assert len(found) == 1 and messages[0].startswith(f"  [1/{total}] ")
+    assert messages[1] == f"  time limit reached: {total - 1} composition(s) not tried"
+
+
+def test_when_time_runs_out_while_writing_the_fastest_baseline_is_still_written(monkeypatch):
+    """The deadline passes during the first write (a synthesized plan): the fastest baseline is written too, so
+    the file is never slower than what the runtime would run anyway; the other candidates are left."""
+    import synth.synthesis.solve as solve_module
+
+    clock = ManualClock()
+    real_emit = solve_module.emit_verified_xml
+
+    def slow_emit(*args, **kwargs):
+        clock.now += 10_000                 # every write takes longer than the whole budget
+        return real_emit(*args, **kwargs)
+
+    monkeypatch.setattr(solve_module, "emit_verified_xml", slow_emit)
+    messages = []
+    solution = solve(SynthesisRequest(load_topology("dgx1"), "allgather", 1 << 20,
+                                      deadline=Deadline.after(3600.0, clock)), progress=messages.append)
+    writes = [m for m in messages if m.startswith("  writing ")]
+    assert solution.time_limited and len(writes) == 2
+    assert not writes[0].startswith("  writing baseline/") and writes[1].startswith("  writing baseline/")
+    assert solution.baseline is not None and solution.report()["speedup_vs_baseline"] >= 1.0
+    assert any(m.endswith("not written (the fastest baseline still is)") for m in messages)

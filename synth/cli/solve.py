@@ -121,9 +121,8 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
         echo_err("note: the runtime's own choice (a baseline) simulates faster than every synthesized plan, so it "
                  "is the one written")
     if solution.time_limited:
-        echo_err(f"status time-limit: the {time_limit:g} s limit cut the search after "
-                 f"{deadline.elapsed_s():.1f} s; the best verified plan found by then is the one written "
-                 "(raise --time-limit to search longer)")
+        echo_err(f"status time-limit: the {time_limit:g} s limit cut the search; the best verified plan found by "
+                 f"then is the one written ({deadline.elapsed_s():.1f} s in all; raise --time-limit to search longer)")
     account = f"{'plan ' if solution.time_limited else ''}status {result.status}"
     if result.gap is not None and result.status != "optimal":
         account += f" (MIP gap {100 * result.gap:.2f}%)"
