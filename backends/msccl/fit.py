@@ -25,14 +25,9 @@ from math import ceil
 
 from backends.msccl.findings import Finding
 from backends.msccl.ir import MscclProgram
-from backends.msccl.limits import (
-    LIMIT_KINDS,
-    MAX_CHANNELS,
-    MAX_CNT,
-    MAX_TBS_PER_CHANNEL_DIRECTION,
-    max_steps,
-    runtime_limits,
-)
+from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_PER_CHANNEL_DIRECTION,
+                                   connection_findings, max_steps, nchannels_findings, step_limit_findings,
+                                   tb_limit_findings, tbs_per_gpu_findings)
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
 from synth.errors import BackendError
@@ -109,8 +104,15 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
 
 def measure(program: MscclProgram, lowering: Lowering, target: str, sms: int | None) -> Fit:
     """The program's shape and the runtime limits it breaks on ``target`` (no rendering, no execution)."""
-    broken = tuple(f for f in runtime_limits(program, sms)
-                   if f.kind in LIMIT_KINDS and f.severity == "error" and target in f.runtimes)
+    found = nchannels_findings(program)
+    for gpu in program.gpus:   # the limit rules of limits.runtime_limits, without its per-step buffer checks
+        found += connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms)
+        for tb in gpu.tbs:
+            found += tb_limit_findings(program, gpu, tb)
+            if any(not 1 <= st.cnt <= MAX_CNT for st in tb.steps if st.type != "nop"):
+                found += [f for k, st in enumerate(tb.steps)
+                          for f in step_limit_findings(st, {"gpu": gpu.id, "tb": tb.id, "step": k})]
+    broken = tuple(f for f in found if f.kind in LIMIT_KINDS and f.severity == "error" and target in f.runtimes)
     tbs = max((len(g.tbs) for g in program.gpus), default=0)
     steps = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
     return Fit(lowering, program, tbs, steps, broken)
