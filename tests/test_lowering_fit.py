@@ -141,3 +141,13 @@ def test_more_peers_than_sms_is_refused_from_the_schedule_alone():
     with pytest.raises(BackendError, match=re.escape(f"for the executor runtime: {reason}")):
         emit_verified_xml(star, small, "executor", 1 << 20)
     assert plan_fit(star, replace(small, sms_per_gpu=6)).ok
+
+
+def test_a_rank_with_more_than_32_peers_spreads_them_over_channels():
+    n = 40                                             # rank 0 sends to 39 peers; a channel holds 32 send tbs
+    star = Schedule(make_collective("broadcast", n, 1, 0), f"fully-connected-{n}",
+                    tuple(Transfer(0, 0, d, 0) for d in range(1, n)), 1)
+    topology = load_topology(f"fully-connected-{n}")
+    emitted = emit_verified_xml(star, topology, "executor", 1 << 20)
+    assert emitted.channels == 2
+    assert not [f for f in runtime_limits(emitted.program) if f.kind == "tb-connection"]

@@ -19,19 +19,15 @@ send/receive) and says which fit, or the exact limit that rules the schedule out
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, replace
 from math import ceil
 
 from backends.msccl.findings import Finding
 from backends.msccl.ir import MscclProgram
-from backends.msccl.limits import (
-    LIMIT_KINDS,
-    MAX_CHANNELS,
-    MAX_CNT,
-    MAX_TBS_PER_CHANNEL_DIRECTION,
-    max_steps,
-    runtime_limits,
-)
+from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_PER_CHANNEL_DIRECTION,
+                                   connection_findings, max_steps, nchannels_findings, step_limit_findings,
+                                   tb_limit_findings, tbs_per_gpu_findings)
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
 from synth.errors import BackendError
@@ -108,8 +104,15 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
 
 def measure(program: MscclProgram, lowering: Lowering, target: str, sms: int | None) -> Fit:
     """The program's shape and the runtime limits it breaks on ``target`` (no rendering, no execution)."""
-    broken = tuple(f for f in runtime_limits(program, sms)
-                   if f.kind in LIMIT_KINDS and f.severity == "error" and target in f.runtimes)
+    found = nchannels_findings(program)
+    for gpu in program.gpus:   # the limit rules of limits.runtime_limits, without its per-step buffer checks
+        found += connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms)
+        for tb in gpu.tbs:
+            found += tb_limit_findings(program, gpu, tb)
+            if any(not 1 <= st.cnt <= MAX_CNT for st in tb.steps if st.type != "nop"):
+                found += [f for k, st in enumerate(tb.steps)
+                          for f in step_limit_findings(st, {"gpu": gpu.id, "tb": tb.id, "step": k})]
+    broken = tuple(f for f in found if f.kind in LIMIT_KINDS and f.severity == "error" and target in f.runtimes)
     tbs = max((len(g.tbs) for g in program.gpus), default=0)
     steps = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
     return Fit(lowering, program, tbs, steps, broken)
@@ -120,11 +123,33 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     """The lowering of ``schedule`` with the smallest ``max_cnt``, then the fewest channels, that fits ``target``
     and the topology's SMs; when none does, the closest miss (its ``broken`` says why).
 
-    Each trial lowers the schedule once (linear in its transfers); at most :data:`MAX_TRIALS` are tried.
+    The search starts at the channels the longest connection needs unmerged; each trial lowers the schedule once
+    (linear in its transfers); at most :data:`MAX_TRIALS` are tried.
+
+    Examples
+    --------
+    A broadcast pipelined in 200 pieces down the chain 0 -> 1 -> 2 -> 3 of ``ring-4``: 200 messages per
+    connection, 64 steps per threadblock on the executor. With SMs to spare the pieces go round robin over 4
+    channels; on a GPU of 2 SMs (one send and one receive threadblock) they travel 4 to a step instead.
+
+    >>> from dataclasses import replace
+    >>> from synth.model.collectives import make_collective
+    >>> from synth.model.topology import load_topology
+    >>> from synth.schedule.ir import Schedule, Transfer
+    >>> chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(200) for r in range(3))
+    >>> schedule = Schedule(make_collective("broadcast", 4, 200, 0), "ring-4", chain, 202)
+    >>> fit_lowering(schedule, load_topology("ring-4")).lowering.label
+    'fused (4 channels)'
+    >>> small = replace(load_topology("ring-4"), sms_per_gpu=2)
+    >>> fit = fit_lowering(schedule, small, fuse=False)
+    >>> fit.lowering.label, fit.tbs_per_gpu, fit.steps_per_tb
+    ('plain (cnt <= 4)', 2, 50)
     """
     limit = max_steps(target)
     sms = topology.sms_per_gpu
-    channels, max_cnt = 1, 1
+    # a connection's messages need at least this many channels of ``limit`` steps (unmerged): start there
+    longest = max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
+    channels, max_cnt = max(1, min(MAX_CHANNELS - 1, ceil(longest / limit))), 1
     best: Fit | None = None
     tried = set()
     for _ in range(MAX_TRIALS):

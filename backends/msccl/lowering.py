@@ -31,9 +31,10 @@ from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
 
 from backends.msccl import conventions
 from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock, safe_name
-from backends.msccl.limits import MAX_CHANNELS
+from backends.msccl.limits import MAX_CHANNELS, MAX_TBS_PER_CHANNEL_DIRECTION
 
 DEFAULT_MAX_BYTES = 1 << 40
+PEER_SLACK = 4     # threadblocks per channel and direction kept free when peers are split over channels
 TARGETS = ("executor", "legacy")
 
 
@@ -302,7 +303,8 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
     plans, layout = _plan_ops(schedule, fuse)
-    spread = None if channels <= 1 else _spread_over_channels(schedule, channels, group)
+    buckets = _peer_buckets(schedule)
+    spread = None if channels <= 1 and buckets == 1 else _spread_over_channels(schedule, channels, group, buckets)
     for _ in range(8):
         bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
         bad = bad or _connection_orders_agree(plans)
@@ -351,9 +353,24 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
         previous[port] = op
 
 
-def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1) -> dict:
-    """Channel of every transfer (by id): :func:`spread_index` of its chunk (both ends of a connection agree)."""
-    return {id(t): spread_index(t.chunk, channels, group) for t in schedule.transfers}
+def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1, buckets: int = 1) -> dict:
+    """Channel of every transfer (by id): :func:`spread_index` of its chunk (both ends of a connection agree),
+    in one of ``buckets`` sets of ``channels`` chosen by the connection (:func:`_peer_buckets`)."""
+    return {id(t): spread_index(t.chunk, channels, group) + channels * ((t.src + t.dst) % buckets)
+            for t in schedule.transfers}
+
+
+def _peer_buckets(schedule: Schedule) -> int:
+    """Sets of channels a rank's peers are spread over: a channel holds at most 32 sending and 32 receiving
+    threadblocks per GPU, one per peer in the plain lowering, so a rank with more peers in one direction puts
+    connection (src, dst) in set ``(src + dst) % buckets`` (even at both ends); a little slack absorbs the
+    unevenness of that split."""
+    peers: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for t in schedule.transfers:
+        peers[(t.src, 0)].add(t.dst)
+        peers[(t.dst, 1)].add(t.src)
+    most = max((len(p) for p in peers.values()), default=0)
+    return max(1, -(-most // (MAX_TBS_PER_CHANNEL_DIRECTION - PEER_SLACK)))
 
 
 def spread_index(chunk: int, channels: int, group: int = 1) -> int:
