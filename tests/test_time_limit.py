@@ -193,7 +193,7 @@ def test_when_time_runs_out_while_writing_the_fastest_baseline_is_still_written(
 
     monkeypatch.setattr(solve_module, "emit_verified_xml", slow_emit)
     messages = []
-    solution = solve(SynthesisRequest(load_topology("dgx1"), "allgather", 1 << 20,
+    solution = solve(SynthesisRequest(load_topology("fully-connected-4"), "allgather", 1 << 20,
                                       deadline=Deadline.after(3600.0, clock)), progress=messages.append)
     writes = [m for m in messages if m.startswith("  writing ")]
     assert solution.time_limited and len(writes) == 2
