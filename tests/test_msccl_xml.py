@@ -93,8 +93,8 @@ def test_a_program_over_the_step_limit_is_refused(dgx1_schedules):
 
 def test_refusal_raises_backend_error(monkeypatch, dgx1, dgx1_schedules):
     """A program the runtime cannot hold is refused with the rule named, and nothing is returned."""
-    import backends.msccl.writer as writer
+    import backends.msccl.fit as fit
     big = with_long_tb(lower_to_msccl(dgx1_schedules["allgather"]), 99)
-    monkeypatch.setattr(writer, "lower_to_msccl", lambda *args, **kwargs: big)
+    monkeypatch.setattr(fit, "lower_to_msccl", lambda *args, **kwargs: big)
     with pytest.raises(BackendError, match="breaks a runtime rule: .*99 steps; the executor's default build allows"):
         emit_verified_xml(dgx1_schedules["allgather"], dgx1)

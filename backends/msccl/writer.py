@@ -1,15 +1,16 @@
 """The one way synth writes MSCCL XML: every file is lowered with its topology, rendered, read back and judged.
 
 :func:`emit_verified_xml` lowers a schedule both ways (fused ``rcs``/``rrs`` chains, and plain separate
-send/receive threadblocks, which are deadlock-free even with rendezvous sends; spread over more channels when a
-connection has more messages than a threadblock may hold steps). Each variant is rendered, the *text* is parsed
-back with our parser and judged by :func:`backends.msccl.verdict.check_text` for the target, exactly as
-``synth check`` judges a file (lexical rules, runtime rules and limits, data-exact execution). Of the variants
-that pass, the one the simulator times fastest on the topology at the requested size (with the runtime's FIFO
-depth) is returned; the fused one wins ties within 1% (fewer threadblocks and no cross-threadblock
-synchronisation). If none passes, nothing is returned: :class:`~synth.errors.BackendError` when the program
-does not fit the runtime (a limit, or a rule of the target), :class:`~synth.errors.VerificationError` when it is
-wrong (a bug).
+send/receive threadblocks, which are deadlock-free even with rendezvous sends), each fitted to the runtime's limits
+and the GPU's SM count by :func:`backends.msccl.fit.fit_lowering` (connections spread over channels, contiguous
+chunks merged into ``cnt > 1`` steps only as far as needed; a few wider spreads besides). The simulator times
+every variant on the topology at the requested size (with the runtime's FIFO depth), and they are judged fastest
+first (a fused one wins ties within 1%: fewer threadblocks, no cross-threadblock synchronisation): the variant is
+rendered, the *text* is parsed back with our parser and judged by :func:`backends.msccl.verdict.check_text` for
+the target, exactly as ``synth check`` judges a file (lexical rules, runtime rules and limits, data-exact
+execution). The first that passes is returned. If none passes, nothing is returned:
+:class:`~synth.errors.BackendError` when the program does not fit the runtime (a limit, or a rule of the target),
+:class:`~synth.errors.VerificationError` when it is wrong (a bug).
 
 Callers (``synth solve``, ``synth baseline -o``, the pareto bundle) write only what this returns
 (:func:`write_verified_xml`).
@@ -28,7 +29,8 @@ from synth.schedule.ir import Schedule
 
 from backends.msccl.ir import LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
 from backends.msccl.limits import LIMIT_KINDS
-from backends.msccl.lowering import DEFAULT_MAX_BYTES, channels_needed, lower_to_msccl, render_msccl_xml
+from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, wider_fits
+from backends.msccl.lowering import DEFAULT_MAX_BYTES, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
 
@@ -50,59 +52,90 @@ class EmittedXml:
     channels: int
     simulated_us: float | None   # with the runtime's FIFO depth; None without a size
     candidate: int = 0
+    lowering: Lowering | None = None
 
 
 def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "executor",
                       size_bytes: int | None = None, *, proto: str = "Simple", name: str | None = None,
                       min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> EmittedXml:
-    """Lower both ways with the topology, judge each rendered text as ``synth check`` does, keep the best."""
+    """Lower both ways with the topology, fitted; judge the fastest as ``synth check`` does; return the first that
+    passes."""
     if topology is None:
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
     _check_collective_known(schedule, target)
     failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
-    passing: list[EmittedXml] = []
-    variants = [(True, 1), (False, 1)]
-    for fuse, channels in variants:
-        program = lower_to_msccl(schedule, topology=topology, target=target, fuse=fuse, channels=channels,
-                                 proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
-        label = "fused" if fuse else "plain"
-        unsafe = sorted(set(program.name) - NAME_ALPHABET)
-        if unsafe or len(program.name) > MAX_ATTR_LEN:
-            raise BackendError(f"algorithm name {program.name!r} holds characters the MSCCL lexers cannot take "
-                               f"({''.join(unsafe)!r}) or is over {MAX_ATTR_LEN} characters; use letters, digits "
-                               "and _-.,:=+()")
-        text = render_msccl_xml(program)
-        try:
-            report = check_text(text, f"<{label} lowering>", target, sms=topology.sms_per_gpu)
-        except InputError as exc:   # our own text does not parse back: a bug, never written
-            failures.append((f"{label} lowering does not parse back: {exc}", False))
-            continue
-        errors = report.errors()
-        if errors:
-            limit = any(f.kind in LIMIT_KINDS or f.runtimes != ("executor", "legacy") for f in errors)
-            if limit and not fuse and channels == 1 and channels_needed(program, target) > 1:
-                variants.append((False, channels_needed(program, target) + 1))  # +1: round robin is not exact
-            what = "breaks a runtime rule" if limit else "fails its check"
-            failures.append((f"{label} lowering {what}: " + "; ".join(str(f) for f in errors[:3]), limit))
-            continue
-        parsed = [without_lines(r.program) for r in report.algos]
-        if parsed != [program]:   # the text says something else than the program: never written
-            failures.append((f"{label} lowering reads back as a different program", False))
-            continue
-        [parsed] = parsed
-        time_us = simulate_program(parsed, topology, size_bytes).time_us if size_bytes else None
-        passing.append(EmittedXml(text, parsed, target, fuse, sum(len(g.tbs) for g in parsed.gpus),
-                                  parsed.nchannels, time_us))
-    if not passing:
-        if all(limit for _, limit in failures):
-            raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")
-        raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
-    best = passing[0]
-    for other in passing[1:]:   # a later (plain) variant must be clearly faster to beat the fused one
-        if other.simulated_us is not None and best.simulated_us is not None \
-                and other.simulated_us < best.simulated_us * (1 - TIE):
-            best = other
-    return best
+    reason = hopeless(schedule, topology)
+    if reason is not None:
+        raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
+    options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
+    fits: list[Fit] = []
+    for fuse in (True, False):
+        fit = fit_lowering(schedule, topology, target, fuse, **options)
+        _check_name(fit.program.name)
+        if fit.fits:
+            fits += wider_fits(schedule, topology, target, fit, **options)
+        else:
+            failures.append((f"{fit.lowering.label} lowering breaks a runtime rule: {fit.reason()}", True))
+    timed = [(_simulated_us(fit.program, topology, size_bytes), fit) for fit in fits]
+    # fastest first; a plain variant must be clearly faster to beat a fused one (fewer tbs, no cross-tb waits)
+    timed.sort(key=lambda pair: (pair[0] * (1 - TIE) if pair[1].lowering.fuse and pair[0] is not None
+                                 else pair[0] or 0.0, not pair[1].lowering.fuse, pair[1].lowering.channels))
+    for time_us, fit in timed:
+        emitted, failure = _judge(fit, topology, target, time_us)
+        if emitted is None and fit.lowering.max_cnt > 1:   # merged steps that wait too long: merge strictly
+            strict = fit_lowering(schedule, topology, target, fit.lowering.fuse, strict_merge=True, **options)
+            if strict.fits:
+                emitted, failure = _judge(strict, topology, target,
+                                          _simulated_us(strict.program, topology, size_bytes))
+        if emitted is not None:
+            return emitted
+        failures.append(failure)
+    if all(limit for _, limit in failures):
+        raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")
+    raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
+
+
+def _simulated_us(program, topology: Topology, size_bytes: int | None) -> float | None:
+    """The simulator's time with the runtime's FIFO depth; None without a size, inf when it does not finish
+    (the verdict then says why)."""
+    if not size_bytes:
+        return None
+    try:
+        return simulate_program(program, topology, size_bytes).time_us
+    except VerificationError:
+        return float("inf")
+
+
+def _judge(fit: Fit, topology: Topology, target: str, time_us: float | None
+           ) -> tuple[EmittedXml | None, tuple[str, bool]]:
+    """Render a fitted program (timed at ``time_us``), judge the text as ``synth check`` does; or say why it
+    failed."""
+    label = fit.lowering.label
+    program = fit.program
+    text = render_msccl_xml(program)
+    try:
+        report = check_text(text, f"<{label} lowering>", target, sms=topology.sms_per_gpu)
+    except InputError as exc:   # our own text does not parse back: a bug, never written
+        return None, (f"{label} lowering does not parse back: {exc}", False)
+    errors = report.errors()
+    if errors:
+        limit = any(f.kind in LIMIT_KINDS or f.runtimes != ("executor", "legacy") for f in errors)
+        what = "breaks a runtime rule" if limit else "fails its check"
+        return None, (f"{label} lowering {what}: " + "; ".join(str(f) for f in errors[:3]), limit)
+    parsed = [without_lines(r.program) for r in report.algos]
+    if parsed != [program]:   # the text says something else than the program: never written
+        return None, (f"{label} lowering reads back as a different program", False)
+    [parsed] = parsed
+    return EmittedXml(text, parsed, target, fit.lowering.fuse, sum(len(g.tbs) for g in parsed.gpus),
+                      parsed.nchannels, time_us, lowering=fit.lowering), ("", False)
+
+
+def _check_name(name: str) -> None:
+    unsafe = sorted(set(name) - NAME_ALPHABET)
+    if unsafe or len(name) > MAX_ATTR_LEN:
+        raise BackendError(f"algorithm name {name!r} holds characters the MSCCL lexers cannot take "
+                           f"({''.join(unsafe)!r}) or is over {MAX_ATTR_LEN} characters; use letters, digits "
+                           "and _-.,:=+()")
 
 
 def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, target: str = "executor",

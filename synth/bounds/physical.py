@@ -129,21 +129,25 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
     name = normalize_name(collective_name)
     if size_bytes <= 0:
         raise InputError("--size", "", f"size must be positive, got {size_bytes!r}")
-    _check_work(name, topology)
     coll = make_collective(name, topology.num_ranks, chunks_per_rank, root)
+    sources, reverse = _path_searches(name, topology, coll.root)
+    _check_work(name, topology, len(sources))
     bw_us, method = bandwidth_bound_us(name, topology, size_bytes, coll.root)
-    pairs = _relevant_pairs(name, topology.num_ranks, coll.root)
-    latency_us, hops = _diameters(topology, pairs)
-    chunk_us = _chunk_path_us(topology, pairs, coll.chunk_bytes(size_bytes))
+    latency_us, hops = _diameters(topology, sources, reverse)
+    links = topology.link_arrays()
+    chunk_us = _farthest(topology, sources, reverse, links.alpha_us + coll.chunk_bytes(size_bytes) /
+                         (links.capacity_GBps * BYTES_PER_US_PER_GBPS))
     limit = max(bw_us, latency_us)
     binding = "bandwidth" if bw_us >= latency_us else "latency"
     return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, limit, binding, hops, chunk_us, method)
 
 
-def _check_work(name: str, topology: Topology) -> None:
-    """Refuse, before any work, a bound that would take minutes (see :data:`MAX_BOUND_WORK`): every collective
-    searches from or to about every rank (max-flow sinks, broadcast's min cut per rank, shortest paths)."""
-    work = len(topology.links) * topology.num_ranks
+def _check_work(name: str, topology: Topology, path_searches: int) -> None:
+    """Refuse, before any work, a bound that would take minutes (see :data:`MAX_BOUND_WORK`): a search from or
+    to every rank (broadcast's min cut per rank, Alltoall's commodity per rank), or, for the others, from one
+    rank per orbit of the symmetry (max-flow sinks, shortest paths: a composed cluster has one or a few)."""
+    searches = topology.num_ranks if name in ("broadcast", "reduce", "alltoall") else path_searches
+    work = len(topology.links) * searches
     if work > MAX_BOUND_WORK:
         raise InputError(topology.name, "", f"{name} bounds on {topology.num_ranks} ranks and {len(topology.links)} "
                          f"links need {work} units of flow and path search, more than the "
@@ -377,39 +381,40 @@ def _solve_lp(rows, cols, vals, cost, row_lower, row_upper) -> float:
 
 # ----------------------------------------------------------------------------------------------- latency
 
-def _relevant_pairs(name: str, n: int, root: int | None) -> list[tuple[int, int]]:
-    """Ordered (src, dst) rank pairs whose data must meet: from the root, to the root, or all pairs."""
+def _path_searches(name: str, topology: Topology, root: int | None) -> tuple[tuple[int, ...], bool]:
+    """The ranks whose shortest-path searches cover every pair of ranks whose data must meet, and whether they
+    run on the reversed graph: from the root, to the root (the reversed graph from it), or between all pairs,
+    where one rank per orbit of the symmetry suffices (an automorphism keeps every path's alpha and bandwidth,
+    so every rank of an orbit is as far from the rest)."""
     if name in ("broadcast", "scatter"):
-        return [(root, d) for d in range(n) if d != root]
+        return (root,), False
     if name in ("reduce", "gather"):
-        return [(s, root) for s in range(n) if s != root]
-    return [(s, d) for s in range(n) for d in range(n) if s != d]
+        return (root,), True
+    return rank_orbit_reps(topology.num_ranks, topology.symmetries), False
 
 
-def _diameters(topology: Topology, pairs) -> tuple[float, int]:
-    """Max over ``pairs`` of the shortest alpha path (us) and of the hop distance."""
-    g = topology.graph()
-    sources = sorted({s for s, _ in pairs})
-    alpha, hops = {}, {}
-    for s in sources:
-        alpha[s] = nx.single_source_dijkstra_path_length(g, s, weight="alpha_us")
-        hops[s] = nx.single_source_shortest_path_length(g, s)
-    worst_alpha, worst_hops = 0.0, 0
-    for s, d in pairs:
-        if d not in hops[s]:
-            raise InputError(topology.source, "links", f"rank {d} cannot be reached from rank {s}; add links")
-        worst_alpha = max(worst_alpha, alpha[s][d])
-        worst_hops = max(worst_hops, hops[s][d])
-    return worst_alpha, worst_hops
+def _distances(topology: Topology, sources, reverse: bool, weights=None) -> np.ndarray:
+    """Shortest paths from ``sources`` (rows) to every rank under per-link ``weights`` (None: hops), on the
+    reversed graph when ``reverse``; scipy on link arrays, since a networkx graph of a million links took half a
+    gigabyte."""
+    from scipy.sparse.csgraph import dijkstra
+
+    graph = topology.sparse_graph(weights, reverse)
+    return dijkstra(graph, directed=True, indices=list(sources), unweighted=weights is None).reshape(
+        -1, topology.num_ranks)
 
 
-def _chunk_path_us(topology: Topology, pairs, chunk_bytes: float) -> float:
-    """Max over ``pairs`` of the fastest store-and-forward path of one chunk (alpha + bytes/bw per hop), us."""
-    g = topology.graph()
-    for _, _, d in g.edges(data=True):
-        d["cost_us"] = d["alpha_us"] + chunk_bytes / (d["capacity_GBps"] * BYTES_PER_US_PER_GBPS)
-    worst = 0.0
-    for s in sorted({s for s, _ in pairs}):
-        dist = nx.single_source_dijkstra_path_length(g, s, weight="cost_us")
-        worst = max([worst] + [dist[d] for src, d in pairs if src == s])
-    return worst
+def _farthest(topology: Topology, sources, reverse: bool, weights) -> float:
+    """Max over the pairs the ``sources`` stand for of the shortest path under per-link ``weights``."""
+    return float(_distances(topology, sources, reverse, weights).max())
+
+
+def _diameters(topology: Topology, sources, reverse: bool) -> tuple[float, int]:
+    """Max over the pairs the ``sources`` stand for of the shortest alpha path (us) and of the hop distance."""
+    hops = _distances(topology, sources, reverse)
+    if np.isinf(hops).any():
+        row, col = (int(x[0]) for x in np.nonzero(np.isinf(hops)))
+        s = list(sources)[row]
+        src, dst = (col, s) if reverse else (s, col)
+        raise InputError(topology.source, "links", f"rank {dst} cannot be reached from rank {src}; add links")
+    return _farthest(topology, sources, reverse, topology.link_arrays().alpha_us), int(hops.max())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import signal
 import sys
 import threading
@@ -17,6 +18,8 @@ EXIT_USAGE = 2
 EXIT_INFEASIBLE = 3
 EXIT_INTERRUPTED = 130          # 128 + SIGINT, as shells report it
 EXIT_TERMINATED = 143           # 128 + SIGTERM
+EXIT_INTERNAL = 70              # EX_SOFTWARE: a bug of ours, not the user's input
+SHOW_TRACEBACK = "SYNTH_TRACEBACK"
 MAX_SOLVER_THREADS = 256
 # Largest step-formulation S, R and C a command accepts (each beyond anything a runtime could load).
 MAX_STEPS, MAX_ROUNDS, MAX_CHUNKS = 256, 4096, 1024
@@ -61,6 +64,20 @@ class SynthGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("Error: interrupted (Ctrl-C); no output was written", err=True)
             ctx.exit(EXIT_INTERRUPTED)
+        except MemoryError:
+            click.echo("Error: out of memory; no output was written (try fewer --nodes, a smaller --chunks or "
+                       "--method hierarchy)", err=True)
+            ctx.exit(EXIT_BAD_INPUT)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:     # a bug: one line, no file, and the traceback only when asked for
+            if os.environ.get(SHOW_TRACEBACK):
+                raise
+            where = " ".join(ctx.command_path.split()[1:] + [ctx.invoked_subcommand or ""]).strip()
+            click.echo(f"Error: internal error in synth {where} ({type(exc).__name__}: {exc}); no output was "
+                       f"written. Please report it with the command line; {SHOW_TRACEBACK}=1 shows the traceback",
+                       err=True)
+            ctx.exit(EXIT_INTERNAL)
 
 
 class FiniteFloat(click.ParamType):

@@ -7,13 +7,20 @@ from pathlib import Path
 
 import click
 
-from synth.cli._common import MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, check_root, echo_err, nodes_option, solver_options
+from synth.cli._common import (MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, check_root, echo_err, nodes_option,
+                               solver_options_for)
+from synth.cli._progress import ProgressLog
 from synth.errors import InputError
 from synth.fileio import OutputPlan
 from synth.model.collectives import COLLECTIVES, normalize_name
 from synth.model.topology import MAX_RANKS
+from synth.solver.deadline import Deadline
 from synth.synthesis.method import METHODS
 from synth.units import format_size, parse_size
+
+# --time-limit bounds the whole command, not one solver call: by default five minutes, what a user waits for a
+# cluster's plan (the issue's target for 256 GPUs).
+SOLVE_TIME_LIMIT_S = 300.0
 
 
 @click.command()
@@ -51,7 +58,9 @@ from synth.units import format_size, parse_size
               help="Skip NCCL-style baselines (by default they compete when S/R/C are left open, and every "
                    "report compares with the best one).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
-@solver_options
+@solver_options_for(SOLVE_TIME_LIMIT_S, time_limit_help="Wall-clock limit of the whole command in seconds: the "
+                    "search gets the time left (HiGHS calls included) and the best verified plan found by then is "
+                    "written, with status time-limit.")
 def solve(collective, topology, nodes, fabric, oversubscription, size, method, sketch, steps, rounds, chunks, root,
           output, schedule_out,
           target, proto, min_bytes, max_bytes, write_model, no_baseline, as_json, time_limit, mip_gap, threads,
@@ -64,6 +73,7 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
       synth solve allgather --topology dgx1 --steps 3 --rounds 7 --chunks 6 --json
       synth solve allgather --topology ndv2-2node-tecc --size 1GB --sketch ndv2-tecc-relay -o ag.xml
     """
+    deadline = Deadline.after(time_limit)           # the whole command, input checks and writing included
     from synth.model.topology import load_topology
     from synth.solver.highs import SolverOptions
     from synth.synthesis.request import SynthesisRequest
@@ -81,11 +91,14 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
     if min_bytes > max_bytes:
         raise InputError("--min-bytes", "", f"{min_bytes} is larger than --max-bytes {max_bytes}")
     topo = load_topology(topology, nodes, fabric, oversubscription)
-    options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed)
+    progress = ProgressLog(deadline)
+    options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed, progress=progress)
     request = SynthesisRequest(topo, name, size_bytes, root, method, sketch, steps, rounds, chunks, options,
-                               include_baselines=not no_baseline, target=target)
-    echo_err(f"synth: {name} on {topo.name} ({topo.num_ranks} ranks), size {format_size(size_bytes)}")
-    solution = solve_request(request, XmlRequest(proto, min_bytes, max_bytes), progress=echo_err)
+                               include_baselines=not no_baseline, target=target, deadline=deadline)
+    echo_err(f"synth: {name} on {topo.name} ({topo.num_ranks} ranks), size {format_size(size_bytes)}, time limit "
+             f"{time_limit:g} s")
+    with progress:
+        solution = solve_request(request, XmlRequest(proto, min_bytes, max_bytes), progress=progress)
     chosen = solution.chosen
     result, replay = chosen.candidate.result, chosen.candidate.report
     schedule = result.schedule
@@ -107,7 +120,10 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
     if solution.fell_back_to_baseline:
         echo_err("note: the runtime's own choice (a baseline) simulates faster than every synthesized plan, so it "
                  "is the one written")
-    account = f"status {result.status}"
+    if solution.time_limited:
+        echo_err(f"status time-limit: the {time_limit:g} s limit cut the search; the best verified plan found by "
+                 f"then is the one written ({deadline.elapsed_s():.1f} s in all; raise --time-limit to search longer)")
+    account = f"{'plan ' if solution.time_limited else ''}status {result.status}"
     if result.gap is not None and result.status != "optimal":
         account += f" (MIP gap {100 * result.gap:.2f}%)"
     shape = ", ".join(f"{k} {v}" for k, v in (("steps", result.steps), ("rounds", result.rounds),

@@ -272,28 +272,25 @@ class SymmetryGroup:
         return images.min(axis=0) if images.size else np.zeros(0, dtype=np.int64)
 
     def port_orbit_reps(self, topology: Topology) -> dict[PortUse, PortUse]:
-        """Representative of every switch port direction: the smallest ``(switch, port)`` of the same switch its
-        first rank's images sit on, with the same direction."""
-        from synth.model.topology import Direction, PortUse
-
-        port_of_rank = {}
-        for sw in topology.switches:
-            for pi, port in enumerate(sw.ports):
-                for r in port.ranks:
-                    port_of_rank[(sw.name, r)] = pi
-        reps = {}
-        perms = self.permutations()
-        for sw in topology.switches:
-            for pi, port in enumerate(sw.ports):
-                r = port.ranks[0]
-                images = []
-                for p in perms:
-                    q = port_of_rank.get((sw.name, p[r]))
-                    images.append((sw.name, q) if q is not None else (sw.name, pi))
-                best = min(images)
-                for d in Direction:
-                    reps[PortUse(sw.name, pi, d)] = PortUse(*best, d)
-        return reps
+        """Representative of every switch port direction a link uses: the smallest (in sorted order) of its
+        images, where permutation ``g`` maps the k-th port of link ``l`` onto the k-th port of link ``g(l)``. So
+        the NVSwitch ports of every node, the NIC ports of every node and a rail's leaf and spine ports fall in
+        one orbit each, and a model keeps one capacity row per orbit."""
+        ports = sorted({use for link in topology.links for use in link.ports})
+        if not ports:
+            return {}
+        port_id = {use: i for i, use in enumerate(ports)}
+        width = max(len(link.ports) for link in topology.links)
+        by_link = np.full((len(topology.links), width), -1, dtype=np.int64)    # port id per (link, position)
+        for li, link in enumerate(topology.links):
+            by_link[li, :len(link.ports)] = [port_id[use] for use in link.ports]
+        best = by_link.copy()
+        for image in self.link_images(topology):
+            np.minimum(best, by_link[image], out=best)
+        rep = np.arange(len(ports))
+        used = by_link >= 0
+        rep[by_link[used]] = best[used]
+        return {use: ports[int(rep[i])] for i, use in enumerate(ports)}
 
     def resource_orbit_reps(self, topology: Topology, per_link_keys: Sequence[Sequence]) -> dict:
         """Representative of every resource a link occupies (``per_link_keys[l]``: the link itself, then its

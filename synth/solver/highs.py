@@ -11,11 +11,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
-from synth.text_enum import TextEnum
 from synth.errors import SolverError
+from synth.solver.deadline import UNBOUNDED, Deadline
+from synth.text_enum import TextEnum
 
 
 class Status(TextEnum):
@@ -67,11 +69,26 @@ class Model:
 
 @dataclass(frozen=True)
 class SolverOptions:
+    """HiGHS settings of one command.
+
+    ``time_limit_s`` bounds each solver call; ``deadline`` bounds the command, so a call gets at most the time
+    left (:mod:`synth.solver.deadline`). ``progress`` receives the MIP's incumbent, dual bound and gap every
+    :data:`MIP_PROGRESS_INTERVAL_S` seconds of a long solve (None: silent); it must be picklable where options
+    travel to worker processes.
+    """
+
     time_limit_s: float = 60.0
     mip_gap: float = 0.0
     threads: int | None = None
     seed: int = 0
     verbose: bool = False
+    deadline: Deadline = UNBOUNDED
+    progress: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def call_limit_s(self) -> float:
+        """The limit of a solver call starting now: ``time_limit_s`` or the time left, whichever is shorter."""
+        return self.deadline.cap(self.time_limit_s)
 
 
 @dataclass(frozen=True)
@@ -148,7 +165,7 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
     t0 = time.perf_counter()
     h = highspy.Highs()
     h.setOptionValue("output_flag", bool(options.verbose))
-    h.setOptionValue("time_limit", float(options.time_limit_s))
+    h.setOptionValue("time_limit", float(options.call_limit_s))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
     h.setOptionValue("random_seed", int(options.seed))
     if options.threads:
@@ -178,6 +195,8 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
         sol.col_value = list(np.asarray(initial, dtype=float))
         sol.value_valid = True
         h.setSolution(sol)
+    if options.progress is not None and np.any(model.integer):
+        h.cbMipInterrupt += _MipProgress(options.progress)
     run_status = _run_interruptibly(h)
     seconds = time.perf_counter() - t0
     model_status = h.getModelStatus()
@@ -199,6 +218,44 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
         if gap is not None and (math.isinf(gap) or math.isnan(gap)):
             gap = None
     return SolveResult(mapped, x, objective, gap, seconds, name)
+
+
+# Seconds between two MIP progress lines of one solve (the first comes after this long too: short solves say
+# nothing).
+MIP_PROGRESS_INTERVAL_S = 5.0
+
+
+class _MipProgress:
+    """A HiGHS MIP callback that reports the incumbent, the dual bound and the gap, at most once per interval.
+
+    Runs in HiGHS' solver thread; it only formats a line and hands it to ``progress``.
+    """
+
+    def __init__(self, progress: Callable[[str], None], interval_s: float | None = None):
+        self.progress = progress
+        self.interval_s = MIP_PROGRESS_INTERVAL_S if interval_s is None else interval_s
+        self.next_s = self.interval_s
+
+    def __call__(self, event) -> None:
+        out = event.data_out
+        if out.running_time < self.next_s:
+            return
+        self.next_s = out.running_time + self.interval_s
+        self.progress(mip_progress_line(out.running_time, out.mip_primal_bound, out.mip_dual_bound, out.mip_gap,
+                                        out.mip_node_count))
+
+
+def mip_progress_line(seconds: float, incumbent: float, bound: float, gap: float, nodes: int) -> str:
+    """One MIP progress line (objective units are the model's: us for makespans, rounds for step models).
+
+    >>> mip_progress_line(12.3, 105.0, 100.0, 0.0476, 310)
+    '    MIP 12 s: incumbent 105, bound 100, gap 4.76%, 310 nodes'
+    >>> mip_progress_line(5.0, float("inf"), 98.5, float("inf"), 0)
+    '    MIP 5 s: no incumbent yet, bound 98.5, 0 nodes'
+    """
+    found = f"incumbent {incumbent:.6g}" if math.isfinite(incumbent) else "no incumbent yet"
+    gap_text = f", gap {100 * gap:.2f}%" if math.isfinite(incumbent) and math.isfinite(gap) else ""
+    return f"    MIP {seconds:.0f} s: {found}, bound {bound:.6g}{gap_text}, {nodes} nodes"
 
 
 # How long to wait for HiGHS to stop after Ctrl-C before giving up on its answer (seconds).

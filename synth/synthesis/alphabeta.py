@@ -47,6 +47,7 @@ from synth.formulations.routes import (AlphaBetaProblem, Routes, is_symmetric, m
                      shortest_path_routes)
 from synth.schedule.ir import Schedule
 from synth.model.sketch import Sketch, load_sketch
+from synth.solver.deadline import UNBOUNDED, Deadline
 from synth.solver.highs import FEASIBLE, INFEASIBLE, NO_SOLUTION, OPTIMAL, SolverOptions, Status, solve_model
 from synth.synthesis.baselines import BaselineRun, BaselineTable, evaluate_baselines
 from synth.synthesis.steps import SynthesisResult
@@ -304,7 +305,7 @@ def _search_chunks(problem: CollectiveProblem, search: _Search) -> _Solved:
         floor, load = solved.bandwidth_floor_us, solved.best_load_us
         bandwidth_bound = load >= 0.5 * solved.time_us
         if c >= MAX_AUTO_CHUNKS or floor <= 0 or load <= floor * (1 + CHUNK_ESCALATION_GAP) or not bandwidth_bound \
-                or time.perf_counter() > deadline:
+                or time.perf_counter() > deadline or search.options.deadline.expired:
             return best
         c *= 2
 
@@ -343,7 +344,8 @@ def _direct(topology: Topology, coll: Collective, sketch: Sketch | None, search:
             route_sets.append(("timexp", outcome.routes))
     status, gap, notes = outcome.status, outcome.gap, outcome.record
     notes["start"] = start_label
-    candidates = _evaluate(problem, route_sets, outcome.booked, piece_options, size_bytes, method)
+    candidates = _evaluate(problem, route_sets, outcome.booked, piece_options, size_bytes, method,
+                           options.deadline)
     if baseline is not None and _baseline_allowed(problem, baseline.schedule):
         candidates.append(Candidate(f"baseline:{baseline.name}", baseline.schedule, baseline.report.time_us))
     if exact_chunks is not None:
@@ -422,8 +424,9 @@ def _piece_routes(routes: Routes, pieces: int) -> list[tuple[int, ...]]:
 
 
 def _evaluate(problem: AlphaBetaProblem, route_sets, booked: tuple[_Booked, ...], piece_options, size_bytes,
-              method) -> list[Candidate]:
-    """List-schedule every route set at every piece count (and book MILP orders), verify, return candidates."""
+              method, deadline: Deadline = UNBOUNDED) -> list[Candidate]:
+    """List-schedule every route set at every piece count (and book MILP orders), verify, return candidates;
+    once ``deadline`` has passed, the candidates built so far (at least one)."""
     topo = problem.topology
     own_first = problem.sketch.internode.own_chunks_first
     out = []
@@ -434,6 +437,8 @@ def _evaluate(problem: AlphaBetaProblem, route_sets, booked: tuple[_Booked, ...]
             continue
         seen.add(key)
         for k in piece_options:
+            if out and deadline.expired:
+                return out
             coll = split_collective(problem.collective, k) if k > 1 else problem.collective
             sched = list_schedule(topo, coll, _piece_routes(routes, k), size_bytes, f"alpha-beta:{method}",
                                   own_first=own_first, notes={"routes": label, "pieces": k})

@@ -14,6 +14,7 @@ class Method(TextEnum):
     ROUTED = "routed"
     TIMEXP = "timexp"
     TREES = "trees"
+    HIERARCHY = "hierarchy"
 
 
 

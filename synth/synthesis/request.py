@@ -4,18 +4,23 @@ Every stage of ``synth solve`` (the step search, the alpha-beta drivers, the bas
 physical limit) receives the same :class:`SynthesisRequest`. The physical limit and the baseline table are
 derived from it on first use and kept, so a command builds each baseline and solves each bound LP once, however
 many stages need them.
+
+The request also carries the command's :class:`~synth.solver.deadline.Deadline`: its ``options`` hold the part
+the search may use (:func:`~synth.solver.deadline.search_deadline`), so every HiGHS call of every phase gets at
+most the time left, and the rest is kept for writing the chosen file.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from synth.bounds.physical import Bound, lower_bound
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology, check_connected
+from synth.solver.deadline import UNBOUNDED, Deadline, search_deadline
 from synth.solver.highs import SolverOptions
 from synth.synthesis.baselines import BaselineTable, evaluate_baselines
 from synth.synthesis.method import METHODS, Method
@@ -27,6 +32,7 @@ class SynthesisRequest:
 
     ``size_bytes`` is nccl-tests' per-rank buffer (DESIGN section 4). ``steps``/``rounds``/``chunks`` fix the
     step formulation's S, R, C (None: searched). ``sketch`` is a sketch name or path (alpha-beta only).
+    ``deadline`` bounds the whole command (default: none); ``options.deadline`` becomes its search part.
 
     >>> from synth.model.topology import load_topology
     >>> r = SynthesisRequest(load_topology("ring-4"), "all_gather", 1 << 20)
@@ -46,6 +52,7 @@ class SynthesisRequest:
     options: SolverOptions = SolverOptions()
     include_baselines: bool = True
     target: str = "executor"
+    deadline: Deadline = UNBOUNDED
     _baseline_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -71,6 +78,13 @@ class SynthesisRequest:
             raise InputError("--target", "", f"unknown target {self.target!r}; choose executor or legacy")
         make_collective(self.collective, self.topology.num_ranks, self.chunks or 1, self.root)  # validates root
         check_connected(self.topology)
+        if self.deadline.bounded:
+            object.__setattr__(self, "options", replace(self.options, deadline=search_deadline(self.deadline)))
+
+    @property
+    def search_deadline(self) -> Deadline:
+        """When the search must stop so that the chosen file can still be written in time."""
+        return self.options.deadline
 
     @property
     def fixed_steps(self) -> bool:

@@ -22,6 +22,11 @@ from synth.synthesis.steps import SynthesisResult, smallest_steps, steps_multipl
 # The step search in `auto` is worth its time on single machines of up to this many ranks; across nodes (or with
 # a sketch) the alpha-beta formulations and tree packing reach the limit faster (benchmarks/bench_alphabeta.py).
 STEP_SEARCH_MAX_RANKS = 16
+# Where the hierarchical decomposition applies, `auto` also runs the flat searches (alpha-beta, tree packing) on
+# machines of up to this many ranks; beyond, they take minutes and do no better: on 2 x dgx-h100 the routed
+# MILP returned the hierarchical baseline (96.4% of the limit) after 66 s, the hierarchy reaches 98.3% in
+# seconds; from 4 nodes on their programs do not fit the runtime (benchmarks/bench_hierarchy.py).
+FLAT_SEARCH_MAX_RANKS = 8
 
 Progress = Callable[[str], None]
 
@@ -122,6 +127,34 @@ def tree_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> l
     return found
 
 
+def hierarchy_applies(request: SynthesisRequest) -> bool:
+    """Whether the hierarchical decomposition covers the request (several nodes joined rail by rail)."""
+    from synth.synthesis.hierarchy import check_applicable
+
+    try:
+        check_applicable(request.topology, request.collective)
+    except InputError:
+        return False
+    return True
+
+
+def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
+    """Compositions of one rail and one node solution (:mod:`synth.synthesis.hierarchy`), each replayed."""
+    from synth.synthesis.hierarchy import synthesize_hierarchy
+
+    if request.sketch is not None:
+        raise InputError("--sketch", "", "sketches guide the alpha-beta formulations; use --method "
+                         "auto|routed|timexp")
+    found = []
+    for c in synthesize_hierarchy(request.topology, request.collective, request.size_bytes, request.root,
+                                  request.target, request.chunks, progress, deadline=request.search_deadline):
+        schedule = c.schedule
+        result = SynthesisResult(schedule, Status.FEASIBLE, c.seconds, None, c.symmetry_order, schedule.steps,
+                                 None, schedule.collective.chunks_per_rank)
+        found.append(Candidate(c.plan.label(request.collective), result, c.report))
+    return found
+
+
 def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
     """The fastest baseline the runtimes select at power-of-two sizes, or None when none applies."""
     try:
@@ -133,6 +166,23 @@ def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -
     result = SynthesisResult(schedule, Status.BASELINE, 0.0, None, 1, schedule.steps, schedule.rounds,
                              schedule.collective.chunks_per_rank)
     return Candidate(f"baseline/{run.name}", result, run.report)
+
+
+def timed_phase(name: str, run: Callable[[], list[Candidate]], request: SynthesisRequest,
+                progress: Progress = _quiet) -> list[Candidate]:
+    """One source of candidates under the request's search deadline: skipped when the time is already up, and
+    when the deadline cuts it before it found anything, the other sources' candidates still count."""
+    deadline = request.search_deadline
+    if deadline.expired:
+        progress(f"  {name}: skipped (time limit reached)")
+        return []
+    try:
+        return run()
+    except (NoSolutionError, InfeasibleError) as exc:
+        if not deadline.expired:
+            raise
+        progress(f"  {name}: cut by the time limit ({exc})")
+        return []
 
 
 def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
@@ -151,19 +201,23 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
         and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
     if use_steps:
         try:
-            found += step_candidates(request, progress)
+            found += timed_phase("step search", lambda: step_candidates(request, progress), request, progress)
         except (InfeasibleError, NoSolutionError) as exc:
             if method == Method.STEPS or request.fixed_steps:
                 raise
             errors.append(str(exc))          # the other sources still compete
-    if method in (Method.ROUTED, Method.TIMEXP) or request.open_choice:
-        found.append(alpha_beta_candidate(request, progress))
-    if method == Method.TREES or (request.open_choice and request.sketch is None
-                                  and request.collective != "alltoall"):
-        found += tree_candidates(request, progress)
-    if request.open_choice and request.sketch is None and request.collective == "alltoall":
+    hierarchy = method == Method.HIERARCHY or (request.open_choice and request.sketch is None
+                                               and hierarchy_applies(request))
+    if hierarchy:
+        found += timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request, progress)
+    flat = request.open_choice and not (hierarchy and topology.num_ranks > FLAT_SEARCH_MAX_RANKS)
+    if method in (Method.ROUTED, Method.TIMEXP) or flat:
+        found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
+    if method == Method.TREES or (flat and request.sketch is None and request.collective != "alltoall"):
+        found += timed_phase("tree packing", lambda: tree_candidates(request, progress), request, progress)
+    if flat and request.sketch is None and request.collective == "alltoall":
         from synth.synthesis.alltoall import alltoall_candidates
-        found += alltoall_candidates(request, progress)
+        found += timed_phase("alltoall paths", lambda: alltoall_candidates(request, progress), request, progress)
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:
@@ -172,6 +226,9 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
         runnable = [c for c in found if c.result.schedule.collective.runs_at_power_of_two_sizes]
         if runnable:
             found = runnable
+    if not found and request.search_deadline.expired:
+        raise NoSolutionError("no verified schedule within the time limit" + (f" ({'; '.join(errors)})" if errors
+                                                                                else "") + "; raise --time-limit")
     if not found:
         raise InfeasibleError("no schedule found" + (f": {'; '.join(errors)}" if errors else ""))
     return sorted(found, key=lambda c: c.report.time_us)

@@ -11,6 +11,11 @@ than the best simulated time are not written. The best baseline the runtime sele
 plan is never slower than what the runtime would run anyway (with a sketch too: the summary says so when it
 falls back). Texts are returned, never files: the command commits them together
 (:class:`synth.fileio.OutputPlan`).
+
+Under a deadline (``request.deadline``, ``synth solve --time-limit``) the search stops at the request's search
+deadline (phases that cannot start are skipped, HiGHS calls get the time left), and candidates are written
+fastest first until the command's deadline passes: the best verified file found by then is the answer, and the
+solution says that the time limit cut the search (:attr:`Solution.time_limited`).
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ class WrittenCandidate:
 @dataclass(frozen=True)
 class Solution:
     """The chosen candidate (fastest simulated file), every candidate considered, the verified XML, the best
-    runnable baseline's file (what the runtime would do anyway), and the comparison with the physical limit."""
+    runnable baseline's file (what the runtime would do anyway), and the comparison with the physical limit.
+    ``time_limited``: the request's deadline cut the search or the writing, so a better plan may exist."""
 
     request: SynthesisRequest
     candidates: tuple[Candidate, ...]
@@ -69,6 +75,7 @@ class Solution:
     baseline: WrittenCandidate | None
     comparison: LimitComparison
     refusals: tuple[str, ...] = ()
+    time_limited: bool = False
 
     @property
     def xml(self) -> EmittedXml:
@@ -88,7 +95,8 @@ class Solution:
         size = self.request.size_bytes
         algbw = size / (simulated * BYTES_PER_US_PER_GBPS)
         return {
-            "status": result.status, "solve_seconds": result.solve_seconds, "gap": result.gap,
+            "status": TIME_LIMIT_STATUS if self.time_limited else result.status, "plan_status": result.status,
+            "time_limited": self.time_limited, "solve_seconds": result.solve_seconds, "gap": result.gap,
             "predicted_time_us": simulated, "plan_time_us": replay.time_us,
             "algbw_GBps": algbw, "busbw_GBps": algbw * result.schedule.collective.busbw_factor(),
             "steps": result.steps, "rounds": result.rounds, "chunks": result.chunks,
@@ -119,23 +127,47 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     # is honoured, and the baselines are only the comparison.
     may_fall_back = request.method == Method.AUTO and not request.fixed_steps
 
-    def eligible(w: WrittenCandidate) -> bool:
-        return may_fall_back or not any(w.candidate is b for b in baselines)
+    def is_baseline(c: Candidate) -> bool:
+        return any(c is b for b in baselines)
 
+    def may_win(c: Candidate) -> bool:
+        return may_fall_back or not is_baseline(c)
+
+    def eligible(w: WrittenCandidate) -> bool:
+        return may_win(w.candidate)
+
+    time_limited = request.search_deadline.expired
     written: list[WrittenCandidate] = []
     refusals: list[str] = []
-    for candidate in candidates:
+    pending = list(candidates)
+    while pending:
         best = min((w.simulated_us for w in written if eligible(w)), default=math.inf)
-        is_baseline = any(candidate is b for b in baselines)
-        if candidate.report.time_us >= best and not is_baseline:
+        if request.deadline.expired:
+            time_limited = True
+            if best < math.inf:
+                # the fastest baseline is still written if none was: never slower than the runtime's own choice
+                safety = [] if any(is_baseline(w.candidate) for w in written) else [
+                    c for c in pending if is_baseline(c)][:1]
+                if len(pending) > len(safety):
+                    progress(f"  time limit reached: {len(pending) - len(safety)} slower candidate(s) not written"
+                             + (" (the fastest baseline still is)" if safety else ""))
+                pending = safety
+                if not pending:
+                    break
+            # out of time with nothing written yet: the smallest program first (the quickest to write, and
+            # the likeliest to fit the runtime)
+            pending.sort(key=lambda c: (not may_win(c), len(c.result.schedule.transfers), c.report.time_us))
+        candidate = pending.pop(0)
+        if candidate.report.time_us >= best and not is_baseline(candidate):
             continue                        # its optimistic replay is already slower than a simulated file
+        progress(f"  writing {candidate.label} as MSCCL XML (lower, lint, execute, simulate)")
         try:
             emitted = emit_verified_xml(candidate.result.schedule, request.topology, request.target,
                                         request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
                                         max_bytes=xml.max_bytes)
         except BackendError as exc:
             refusals.append(f"{candidate.label}: {exc}")
-            progress(f"  {candidate.label} ({candidate.report.time_us:.2f} us) cannot be written: {exc}")
+            progress(f"  {candidate.label} cannot be written: {exc}")
             continue
         progress(f"  {candidate.label}: plan {candidate.report.time_us:.2f} us, simulated "
                  f"{emitted.simulated_us:.2f} us")
@@ -143,11 +175,16 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     if not any(eligible(w) for w in written):
         raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
     chosen = min((w for w in written if eligible(w)), key=lambda w: w.simulated_us)
-    base = min((w for w in written if any(w.candidate is b for b in baselines)), key=lambda w: w.simulated_us,
+    base = min((w for w in written if is_baseline(w.candidate)), key=lambda w: w.simulated_us,
                default=None)
     comparison = compare_with_limits(request, chosen.simulated_us, None if base is None else
                                      (base.candidate.label.removeprefix("baseline/"), base.simulated_us))
-    return Solution(request, tuple(candidates), chosen, base, comparison, tuple(refusals))
+    return Solution(request, tuple(candidates), chosen, base, comparison, tuple(refusals), time_limited)
+
+
+# The ``--json`` status of a plan found when the time limit cut the search (the plan's own status is kept as
+# ``plan_status``).
+TIME_LIMIT_STATUS = "time-limit"
 
 
 # How many of the fastest runnable baselines (by replay) are written and simulated: the replay can misorder them.

@@ -1,0 +1,230 @@
+"""Will a schedule's MSCCL program fit the runtime, and lowered how? Answered from the lowered program's shape,
+without rendering, parsing or executing it (DESIGN section 7 limits).
+
+A program fits when every threadblock holds at most the target's steps (64 executor, 256 legacy), a GPU holds at
+most its SM count of threadblocks, and channels, ``cnt`` and threadblocks per channel stay within the runtime's
+limits (:mod:`backends.msccl.limits`). Two tools make a long schedule fit, and both cost something:
+
+- more channels (:func:`~backends.msccl.lowering.lower_to_msccl` ``channels``): each connection's messages are cut
+  into consecutive blocks on their own threadblocks, so a threadblock holds fewer steps; costs threadblocks (SMs);
+- merged steps (:func:`~backends.msccl.merge.merge_contiguous` ``max_cnt``): consecutive chunks move as one
+  message of up to ``max_cnt`` chunks; costs pipelining (a relay forwards a message once it has all of it).
+
+:func:`fit_lowering` searches for the smallest ``max_cnt`` (the pipelining is what the plan was made for), then
+the fewest channels, that fit; :func:`plan_fit` does it for both lowerings (fused chains and plain
+send/receive) and says which fit, or the exact limit that rules the schedule out. The verified writer
+(:mod:`backends.msccl.writer`) renders, judges and simulates only what fits; synthesis may call
+:func:`plan_fit` to skip a hopeless candidate early and say why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from math import ceil
+
+from backends.msccl.findings import Finding
+from backends.msccl.ir import MscclProgram
+from backends.msccl.limits import (
+    LIMIT_KINDS,
+    MAX_CHANNELS,
+    MAX_CNT,
+    MAX_TBS_PER_CHANNEL_DIRECTION,
+    max_steps,
+    runtime_limits,
+)
+from backends.msccl.lowering import DEFAULT_MAX_BYTES, lower_to_msccl
+from backends.msccl.merge import merge_contiguous
+from synth.errors import BackendError
+from synth.model.topology import Topology
+from synth.schedule.ir import Schedule
+
+MAX_TRIALS = 12     # lowerings tried per mode before giving up (each is linear in the schedule)
+WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on more channels
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """How a schedule is lowered: fused ``rcs``/``rrs`` chains or plain sends and receives, the channels each
+    connection is cut into, and the most chunks one merged step carries (1: no merging)."""
+
+    fuse: bool
+    channels: int = 1
+    max_cnt: int = 1
+    strict_merge: bool = False
+
+    @property
+    def label(self) -> str:
+        extra = [f"{self.channels} channels"] if self.channels > 1 else []
+        extra += [f"cnt <= {self.max_cnt}"] if self.max_cnt > 1 else []
+        return ("fused" if self.fuse else "plain") + (f" ({', '.join(extra)})" if extra else "")
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A lowered program and the runtime limits it breaks (none: it fits)."""
+
+    lowering: Lowering
+    program: MscclProgram
+    tbs_per_gpu: int
+    steps_per_tb: int
+    broken: tuple[Finding, ...]
+
+    @property
+    def fits(self) -> bool:
+        return not self.broken
+
+    def reason(self, count: int = 3) -> str:
+        """The limits broken, as the verdict words them (at most ``count``)."""
+        return "; ".join(str(f) for f in self.broken[:count])
+
+
+@dataclass(frozen=True)
+class FitPlan:
+    """Per lowering mode (fused first), the best fit found or the closest miss."""
+
+    target: str
+    fits: tuple[Fit, ...]
+    misses: tuple[Fit, ...]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.fits)
+
+    def reason(self) -> str:
+        """Why nothing fits (empty when something does)."""
+        if self.fits:
+            return ""
+        return " / ".join(f"{m.lowering.label} lowering: {m.reason()}" for m in self.misses)
+
+
+def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: Lowering, *, proto: str = "Simple",
+                 name: str | None = None, min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> MscclProgram:
+    """The schedule lowered as ``lowering`` says (channels, then merged steps)."""
+    program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
+                             channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
+                             max_bytes=max_bytes)
+    return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
+
+
+def measure(program: MscclProgram, lowering: Lowering, target: str, sms: int | None) -> Fit:
+    """The program's shape and the runtime limits it breaks on ``target`` (no rendering, no execution)."""
+    broken = tuple(f for f in runtime_limits(program, sms)
+                   if f.kind in LIMIT_KINDS and f.severity == "error" and target in f.runtimes)
+    tbs = max((len(g.tbs) for g in program.gpus), default=0)
+    steps = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
+    return Fit(lowering, program, tbs, steps, broken)
+
+
+def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor", fuse: bool = True,
+                 strict_merge: bool = False, **program_options) -> Fit:
+    """The lowering of ``schedule`` with the smallest ``max_cnt``, then the fewest channels, that fits ``target``
+    and the topology's SMs; when none does, the closest miss (its ``broken`` says why).
+
+    Each trial lowers the schedule once (linear in its transfers); at most :data:`MAX_TRIALS` are tried.
+    """
+    limit = max_steps(target)
+    sms = topology.sms_per_gpu
+    channels, max_cnt = 1, 1
+    best: Fit | None = None
+    tried = set()
+    for _ in range(MAX_TRIALS):
+        if (channels, max_cnt) in tried:
+            break
+        tried.add((channels, max_cnt))
+        lowering = Lowering(fuse, channels, max_cnt, strict_merge)
+        fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target, sms)
+        if fit.fits:
+            return fit
+        if best is None or _closer(fit, best):
+            best = fit
+        kinds = {f.kind for f in fit.broken}
+        if kinds - {"steps-per-tb"}:       # too many tbs or channels: more channels cannot help
+            if channels == 1:
+                break
+            channels = max(1, channels - max(1, channels // 4))
+            max_cnt = min(MAX_CNT, max_cnt + max(1, max_cnt // 2))
+            continue
+        over = fit.steps_per_tb / limit
+        most = _most_channels(fit, channels, sms, fuse)
+        wanted = max(channels + 1, ceil(channels * over))
+        if wanted <= most:
+            channels = wanted
+        elif max_cnt < MAX_CNT:
+            previous = channels
+            channels = most
+            max_cnt = min(MAX_CNT, max(max_cnt + 1, ceil(max_cnt * over * previous / most)))
+        else:
+            break
+    assert best is not None
+    return best
+
+
+def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options) -> list[Fit]:
+    """``fit`` and, where the SMs and channels allow, the same lowering on 2 and 4 times its channels: messages of
+    one connection from several threadblocks often keep a link busier, so the simulator should choose. Skipped
+    for programs of more than :data:`WIDEN_MAX_STEPS` steps (each variant is another lowering)."""
+    out = [fit]
+    total = sum(len(tb.steps) for g in fit.program.gpus for tb in g.tbs)
+    if total > WIDEN_MAX_STEPS:
+        return out
+    most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)
+    for factor in (2, 4):
+        channels = fit.lowering.channels * factor
+        if channels > most:
+            break
+        lowering = replace(fit.lowering, channels=channels)
+        wider = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
+                        topology.sms_per_gpu)
+        if wider.fits:
+            out.append(wider)
+    return out
+
+
+def _most_channels(fit: Fit, channels: int, sms: int | None, fuse: bool) -> int:
+    """Channels the threadblock count allows, from the count at ``channels`` (threadblocks grow about linearly)."""
+    most = MAX_CHANNELS - 1 if fuse else MAX_CHANNELS   # fused chains leave channel 0 to plain steps
+    per_channel = fit.tbs_per_gpu / channels
+    if sms is not None:
+        most = min(most, max(1, int(sms / per_channel)))
+    return max(1, min(most, MAX_TBS_PER_CHANNEL_DIRECTION * MAX_CHANNELS))
+
+
+def _closer(a: Fit, b: Fit) -> bool:
+    """Whether ``a`` misses the limits by less than ``b`` (fewer broken rules, then fewer steps)."""
+    return (len({f.kind for f in a.broken}), a.steps_per_tb) < (len({f.kind for f in b.broken}), b.steps_per_tb)
+
+
+def hopeless(schedule: Schedule, topology: Topology) -> str | None:
+    """Why no lowering of ``schedule`` can fit the GPUs' SMs, from the schedule alone (linear, no lowering); None
+    when it may fit.
+
+    A rank needs a threadblock per peer it receives from and one per peer it sends to (a fused one can do one of
+    each); merging and spreading only add threadblocks, so more peers in one direction than SMs never fit.
+    """
+    sms = topology.sms_per_gpu
+    if sms is None:
+        return None
+    peers: dict[tuple[int, str], set[int]] = {}
+    for t in schedule.transfers:
+        peers.setdefault((t.src, "send to"), set()).add(t.dst)
+        peers.setdefault((t.dst, "receive from"), set()).add(t.src)
+    for (rank, direction), ranks in sorted(peers.items()):
+        if len(ranks) > sms:
+            return (f"rank {rank} must {direction} {len(ranks)} peers, a threadblock each, and its GPU runs at "
+                    f"most {sms} threadblocks (one per SM)")
+    return None
+
+
+def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", **program_options) -> FitPlan:
+    """Fit both lowerings (fused chains first, then plain sends and receives); see :func:`fit_lowering`.
+
+    Raises :class:`~synth.errors.BackendError` at once when the schedule is :func:`hopeless`.
+    """
+    reason = hopeless(schedule, topology)
+    if reason is not None:
+        raise BackendError(f"no MSCCL lowering fits: {reason}")
+    fits, misses = [], []
+    for fuse in (True, False):
+        fit = fit_lowering(schedule, topology, target, fuse, **program_options)
+        (fits if fit.fits else misses).append(fit)
+    return FitPlan(target, tuple(fits), tuple(misses))

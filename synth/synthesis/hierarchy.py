@@ -1,0 +1,453 @@
+"""Hierarchical synthesis for multi-node machines: solve one rail and one node, map them everywhere, pipeline.
+
+A machine of ``K`` nodes of ``G`` GPUs (``rank = node * G + local``) splits into two small problems, each solved
+once for a representative and mapped onto its isomorphic copies by the machine's symmetry (DESIGN section 6,
+SyCCL-style):
+
+* the **rail** problem: GPU ``i`` of every node, ``K`` ranks joined by their NICs (the link ``(n, i) -> (m, i)``:
+  a NIC-to-NIC path of the network switch, or the rail's leaf switch). Solved for one origin node as an
+  out-tree over nodes (:class:`RailShape`: ``direct``, every node straight from the origin, or ``ring``, a chain
+  through the nodes) and rotated to every origin and every rail;
+* the **node** problem: the ``G`` GPUs of one node. Solved once as an out-tree per local origin (a star where
+  the node has a link from every GPU to every other, as on an NVSwitch; else fewest-hop trees over the widest
+  links) and mapped to every node.
+
+A chunk of Allgather that starts on ``(n, i)`` follows the rail tree of rail ``i`` from node ``n``, and every GPU
+it reaches on that rail spreads it through its node with the node tree of local origin ``i``. ReduceScatter
+collects along the same tree reversed (node first, then rail), Allreduce collects into the chunk's owner and
+spreads from there. Where the node ports, not the NICs, bind (two nodes of an NVSwitch machine), some pieces
+also go NIC to NIC onto another rail (:func:`cross_pieces`) so both finish together. Alltoall goes PXN-style:
+from ``(n, i)`` to ``(m, j)`` first over the node to ``(n, j)``, then over rail ``j`` (or rail first, then
+node), in Latin-square rounds that give every NIC one block per round (:meth:`HierarchyRoutes.explicit`).
+
+**Pipelining.** Each rank's data is cut into ``C`` chunks (pieces); the transfers are ordered by a
+first-come-first-served alpha-beta replay at the request's size
+(:func:`synth.synthesis.baselines.plans.order_plans`), so the node phase of one piece overlaps the rail phase
+of the next, and rail edges go first among transfers ready together (the NICs are the scarce resource). ``C``
+is chosen from the size and from the runtime's budget of steps per threadblock (:func:`piece_options`): the
+busiest connection carries about ``K * C`` messages, so a GPU needs only ``G - 1`` node peers and its rail
+peers, and the program fits the runtime at scale.
+
+The compositions are independent and may run on an executor (a process pool or Dask,
+:func:`synthesize_hierarchy`). Each composed :class:`~synth.schedule.ir.Schedule` is replayed
+(:func:`synth.schedule.replay.verify`) like any other candidate; ``synth solve`` then writes it through the
+verified writer and the simulator decides."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Callable
+
+from backends.msccl.limits import MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
+from synth.errors import InputError
+from synth.model.collectives import make_collective, normalize_name
+from synth.model.topology import Topology
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.schedule.ir import Schedule, Transfer, collective_size
+from synth.schedule.replay import ReplayReport, verify
+from synth.solver.deadline import UNBOUNDED, Deadline
+from synth.synthesis.baselines.plans import Edge, Routes, check_links, order_plans, plan_collective
+from synth.text_enum import TextEnum
+
+COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
+# Channels a connection may be spread over without running out of the GPU's SMs: the busiest connection's
+# messages must fit this many threadblocks of the target's steps (backends.msccl.limits.max_steps).
+SPREAD_CHANNELS = 4
+# Transfers a composed program may hold beyond one piece per rank: writing and checking it costs one to two
+# milliseconds per transfer today, so more pieces than this are not worth their last percent.
+MAX_TRANSFERS = 1 << 15
+# The last piece's spread through its node (the pipeline's tail) should cost at most this share of the
+# collective's pipelined time; more pieces only add messages.
+PIPELINE_SHARE = 0.02
+MAX_PIECES = 32
+
+
+class RailShape(TextEnum):
+    """How a chunk crosses the nodes on its rail."""
+
+    DIRECT = "direct"    # the origin's GPU sends to the same GPU of every other node (K - 1 NIC sends)
+    RING = "ring"        # a chain through the nodes: each GPU forwards to the next node's (1 NIC peer)
+
+
+class AlltoallOrder(TextEnum):
+    """Which hop a PXN-style Alltoall chunk takes first."""
+
+    NODE_FIRST = "node-first"   # (n, i) -> (n, j) over the node, then rail j to (m, j)
+    RAIL_FIRST = "rail-first"   # (n, i) -> (m, i) over rail i, then the node to (m, j)
+
+
+@dataclass(frozen=True)
+class HierarchyPlan:
+    """One composition: the rail shape, the Alltoall hop order and the pieces per rank (chunks per rank)."""
+
+    rail: RailShape
+    pieces: int
+    alltoall: AlltoallOrder = AlltoallOrder.NODE_FIRST
+    cross: int = 0
+
+    def label(self, collective: str) -> str:
+        """How reports name the composition (the hop order for Alltoall, the rail shape otherwise)."""
+        shape = self.alltoall if normalize_name(collective) == "alltoall" else self.rail
+        return f"hierarchy/{shape}/c{self.pieces}" + (f"/x{self.cross}" if self.cross else "")
+
+    def crosses(self, index: int) -> bool:
+        """Whether piece ``index`` of a shard also goes from its origin's NIC straight to one other-rail GPU of
+        every other node (``cross`` of the ``pieces``, evenly spaced), which then takes no copy from its node."""
+        return (index * self.cross) % self.pieces < self.cross
+
+
+@dataclass(frozen=True)
+class NodeTrees:
+    """Out-trees of one node (local ranks ``0..G-1``), one per local origin, solved once for every node.
+
+    ``edges[i]`` lists the tree's local edges from origin ``i``, parents before children.
+    """
+
+    edges: tuple[tuple[Edge, ...], ...]
+    kind: str
+
+
+def node_trees(topology: Topology) -> NodeTrees:
+    """The node's out-tree per local origin, from node 0's own links (every node is a copy of it).
+
+    A star when every GPU has a link to every other (an NVSwitch): the origin sends to each peer, the peers in
+    rotated order so that origins start on different peers. Otherwise fewest hops over the widest links
+    (a breadth-first tree that, among parents at the same depth, takes the highest-capacity link).
+    """
+    g = topology.gpus_per_node
+    local = [[topology.link(u, v) for v in range(g)] for u in range(g)]
+    if all(local[u][v] is not None for u in range(g) for v in range(g) if u != v):
+        return NodeTrees(tuple(tuple((i, (i + k) % g) for k in range(1, g)) for i in range(g)), "star")
+    trees = []
+    for origin in range(g):
+        depth, edges, frontier = {origin: 0}, [], [origin]
+        while frontier:
+            nxt = []
+            for v in range(g):
+                if v in depth:
+                    continue
+                parents = [u for u in frontier if local[u][v] is not None]
+                if parents:
+                    u = max(parents, key=lambda p: (local[p][v].capacity_GBps, -p))
+                    depth[v] = depth[u] + 1
+                    edges.append((u, v))
+                    nxt.append(v)
+            frontier = nxt
+        if len(depth) != g:
+            raise InputError(topology.source, "links", f"node 0 of {topology.name} is not connected inside "
+                             "(local rank {origin} reaches {len(depth)} of {g}); hierarchy needs every node "
+                             "connected")
+        trees.append(tuple(edges))
+    return NodeTrees(tuple(trees), "fewest-hop trees")
+
+
+def rail_tree(shape: RailShape, origin: int, num_nodes: int) -> list[Edge]:
+    """Node-level out-tree of one rail from ``origin`` (edges between node indices, parents first), the same
+    for every origin up to the node rotation.
+
+    >>> rail_tree(RailShape.DIRECT, 1, 4), rail_tree(RailShape.RING, 1, 4)
+    ([(1, 2), (1, 3), (1, 0)], [(1, 2), (2, 3), (3, 0)])
+    """
+    others = [(origin + k) % num_nodes for k in range(1, num_nodes)]
+    if shape == RailShape.DIRECT:
+        return [(origin, m) for m in others]
+    chain = [origin] + others
+    return list(zip(chain, chain[1:]))
+
+
+class HierarchyRoutes(Routes):
+    """Routes of a composed machine from one rail tree and one node tree per origin (see the module doc)."""
+
+    def __init__(self, topology: Topology, plan: HierarchyPlan, nodes: NodeTrees):
+        self.topology = topology
+        self.plan = plan
+        self.nodes = nodes
+        self.g = topology.gpus_per_node
+        self.k = topology.num_nodes
+
+    def rank(self, node: int, local: int) -> int:
+        return node * self.g + local
+
+    def _node_edges(self, node: int, local: int) -> list[Edge]:
+        base = node * self.g
+        return [(base + u, base + v) for u, v in self.nodes.edges[local]]
+
+    def spread(self, origin, index):
+        node, local = divmod(origin, self.g)
+        rail = rail_tree(self.plan.rail, node, self.k)
+        edges = [(self.rank(a, local), self.rank(b, local)) for a, b in rail]
+        skip = {}
+        if self.plan.crosses(index):       # a second NIC copy to GPU j of node m spares one node edge there
+            turn = (index * self.plan.cross) // self.plan.pieces
+            for _, m in rail:
+                skip[m] = self.rank(m, (local + 1 + (turn + m) % (self.g - 1)) % self.g)
+                edges.append((origin, skip[m]))
+        for m in [node] + [b for _, b in rail]:
+            edges += [e for e in self._node_edges(m, local) if e[1] != skip.get(m)]
+        return edges
+
+    def collect(self, root, index):
+        return [(v, u) for u, v in reversed(self.spread(root, index))]
+
+    def path(self, src, dst, index):
+        (n, i), (m, j) = divmod(src, self.g), divmod(dst, self.g)
+        if n == m:
+            return self._local_path(n, i, j)
+        if i == j:
+            return [(src, dst)]
+        if self.plan.alltoall == AlltoallOrder.NODE_FIRST:
+            return self._local_path(n, i, j) + [(self.rank(n, j), dst)]
+        return [(src, self.rank(m, i))] + self._local_path(m, i, j)
+
+    def explicit(self, collective):
+        """Alltoall in rounds ``(d, e, piece)``: every GPU ``(n, i)`` sends to ``(n + d, i + e)`` (nodes and
+        local ranks modulo K and G), so in each round every NIC sends exactly one block and receives exactly one
+        (a Latin square: the ports never wait on each other, where first-come-first-served booking of a NIC's
+        egress and the receiver's ingress leaves holes, 73% of the limit on 4 nodes). Each hop of a path takes
+        the next step. Other collectives: None (ordered by :func:`order_plans`)."""
+        if collective.name != "alltoall":
+            return None
+        k, g, c, n_ranks = self.k, self.g, collective.chunks_per_rank, collective.num_ranks
+        transfers, step = [], 0
+        for d in range(k):
+            for e in range(g):
+                if d == e == 0:
+                    continue
+                for piece in range(c):
+                    depth = 0
+                    for src in range(n_ranks):
+                        (n, i) = divmod(src, g)
+                        dst = self.rank((n + d) % k, (i + e) % g)
+                        chunk = (src * n_ranks + dst) * c + piece
+                        edges = self.path(src, dst, piece)
+                        transfers += [Transfer(chunk, u, v, step + h) for h, (u, v) in enumerate(edges)]
+                        depth = max(depth, len(edges))
+                    step += depth
+        return transfers
+
+    def _local_path(self, node: int, i: int, j: int) -> list[Edge]:
+        """The node tree of origin ``i`` down to ``j``, in node ``node``."""
+        parent = {v: u for u, v in self.nodes.edges[i]}
+        hops = [j]
+        while hops[-1] != i:
+            hops.append(parent[hops[-1]])
+        hops.reverse()
+        base = node * self.g
+        return [(base + u, base + v) for u, v in zip(hops, hops[1:])]
+
+    def describe(self):
+        return {"rail": str(self.plan.rail), "node_trees": self.nodes.kind, "pieces": self.plan.pieces,
+                "alltoall": str(self.plan.alltoall)}
+
+
+def check_applicable(topology: Topology, collective: str) -> None:
+    """Raise InputError unless the machine has several nodes and every rail has its NIC-to-NIC links."""
+    name = normalize_name(collective)
+    if name not in COLLECTIVES:
+        raise InputError("--method", "", f"hierarchy covers {', '.join(COLLECTIVES)}, not {name}")
+    if topology.num_nodes < 2:
+        raise InputError("--method", "", f"hierarchy composes nodes; topology {topology.name} has one (use "
+                         "--nodes K)")
+    g, k = topology.gpus_per_node, topology.num_nodes
+    for m in range(1, k):
+        for i in range(g):
+            if topology.link(i, m * g + i) is None or topology.link(m * g + i, i) is None:
+                raise InputError("--method", "", f"hierarchy needs rail links between GPU {i} of every node; "
+                                 f"topology {topology.name} has no link {i}<->{m * g + i}")
+
+
+def compose(topology: Topology, collective: str, plan: HierarchyPlan, size_bytes: float,
+            root: int | None = None, nodes: NodeTrees | None = None) -> Schedule:
+    """The composed schedule for ``plan``: chunk routes from the rail and node trees, ordered at ``size_bytes``.
+
+    >>> from synth.model.topology import load_topology
+    >>> topo = load_topology("dgx-h100", nodes=2)
+    >>> s = compose(topo, "allgather", HierarchyPlan(RailShape.DIRECT, 1), 1 << 20)
+    >>> s.collective.num_ranks, len(s.transfers) == 16 * 15
+    (16, True)
+    """
+    name = normalize_name(collective)
+    check_applicable(topology, name)
+    routes = HierarchyRoutes(topology, plan, nodes or node_trees(topology))
+    coll = make_collective(name, topology.num_ranks, plan.pieces, root)
+    transfers = routes.explicit(coll)
+    if transfers is None:
+        plans = plan_collective(coll, routes)
+        check_links(plans, topology, "hierarchy")
+        transfers = order_plans(plans, topology, coll.chunk_bytes(size_bytes))
+    steps = 1 + max((t.step for t in transfers), default=-1)
+    return Schedule(coll, topology.name, tuple(transfers), steps, method="hierarchy",
+                    notes={"hierarchy": routes.describe(), "plan": plan.label(name)})
+
+
+@dataclass(frozen=True)
+class HierarchyCandidate:
+    """A composed, replayed schedule, the plan it came from and how long composing and replaying took (s).
+
+    ``symmetry_order`` counts the images each sub-solution is mapped to: node rotations x rails.
+    """
+
+    plan: HierarchyPlan
+    schedule: Schedule
+    report: ReplayReport
+    seconds: float
+    symmetry_order: int
+
+
+def connection_messages(topology: Topology, collective: str, pieces: int) -> int:
+    """Messages on the busiest connection of a composition, about: a node tree edge carries the pieces of every
+    node on its rail (``K x C``), twice for Allreduce (collect, then spread)."""
+    return topology.num_nodes * pieces * (2 if normalize_name(collective) == "allreduce" else 1)
+
+
+@dataclass(frozen=True)
+class Volumes:
+    """Bytes the busiest NIC and the busiest GPU's node port carry in a composition (Allgather: ``K - 1`` shards
+    out of each NIC, ``(G - 1) x K`` shards out of each GPU into its node), and their bandwidths (GB/s)."""
+
+    nic_bytes: float
+    node_bytes: float
+    nic_GBps: float
+    node_GBps: float
+
+    @property
+    def time_us(self) -> float:
+        """The composition's time when the rail and node phases overlap perfectly."""
+        return max(self.nic_bytes / self.nic_GBps, self.node_bytes / self.node_GBps) / BYTES_PER_US_PER_GBPS
+
+
+def volumes(topology: Topology, collective: str, size_bytes: float) -> Volumes:
+    """The :class:`Volumes` of a composition of ``collective`` at ``size_bytes`` (nccl-tests' size)."""
+    name = normalize_name(collective)
+    k, g = topology.num_nodes, topology.gpus_per_node
+    # rail links of node 0 to node 1 and node 0's own links: every node and rail is a copy (links through a
+    # fabric are made on demand, so the others are not looked at)
+    cross = [topology.link(i, g + i).capacity_GBps for i in range(g)]
+    inside = [topology.link(u, v).capacity_GBps for u in range(g) for v in range(g)
+              if u != v and topology.link(u, v) is not None]
+    shard = size_bytes / topology.num_ranks   # one rank's part (a pair's block for Alltoall), DESIGN section 4
+    rail, node = k - 1, (g - 1) * k
+    if name == "alltoall":
+        rail, node = (k - 1) * g, (g - 1) * k
+    if name == "allreduce":
+        rail, node = 2 * rail, 2 * node
+    return Volumes(rail * shard, node * shard, min(cross), min(inside, default=min(cross)))
+
+
+def piece_options(topology: Topology, collective: str, size_bytes: float, target: str = "executor"
+                  ) -> tuple[int, ...]:
+    """Pieces per rank worth trying: one (fewest messages: best at small sizes), and the fewest power of two for
+    which the last piece's trip through its node (``G - 1`` sends from one GPU) costs at most
+    :data:`PIPELINE_SHARE` of the pipelined time (:class:`Volumes`), capped so that the
+    busiest connection's messages (with a dependency step each) fit :data:`SPREAD_CHANNELS` threadblocks of the
+    target's steps and the program holds at most :data:`MAX_TRANSFERS` transfers."""
+    name = normalize_name(collective)
+    g = topology.gpus_per_node
+    load = volumes(topology, name, size_bytes)
+
+    def fits(c: int) -> bool:
+        chunks, _ = collective_size(name, topology.num_ranks, c)
+        hops = 2 if name == "alltoall" else topology.num_ranks - 1
+        transfers = chunks * hops * (2 if name == "allreduce" else 1)
+        return (2 * connection_messages(topology, name, c) <= max_steps(target) * SPREAD_CHANNELS
+                and transfers <= MAX_TRANSFERS and c <= MAX_PIECES)
+
+    def tail_us(c: int) -> float:
+        piece = size_bytes / (topology.num_ranks * c)
+        return (g - 1) * piece / load.node_GBps / BYTES_PER_US_PER_GBPS
+
+    c = 1
+    while fits(2 * c) and tail_us(c) > PIPELINE_SHARE * load.time_us:
+        c *= 2
+    return tuple(sorted({1, c}))
+
+
+def cross_pieces(topology: Topology, collective: str, pieces: int, nodes: NodeTrees) -> int:
+    """How many of a shard's ``pieces`` should also go straight to another rail (:meth:`HierarchyPlan.crosses`),
+    so that NICs and node ports finish together: where the node ports are the bottleneck (two nodes of an
+    NVSwitch machine: each GPU passes on 7/8 of the buffer at 450 GB/s but its NIC only 1/16 at 50 GB/s), a
+    NIC copy to another rail takes one node send off. Balancing ``(K-1)(1+x)/nic = ((G-1)K - (K-1)x)/node``
+    gives the share ``x``; zero where the NICs already bind, where the node is not a star (only a leaf can
+    be skipped) or where the origin has no link to other rails."""
+    name = normalize_name(collective)
+    k, g = topology.num_nodes, topology.gpus_per_node
+    if name == "alltoall" or nodes.kind != "star" or g < 2 or topology.link(0, g + 1) is None:
+        return 0
+    load = volumes(topology, name, 1.0)
+    per_nic, per_node = 1 / load.nic_GBps, 1 / load.node_GBps
+    x = ((g - 1) * k * per_node - (k - 1) * per_nic) / ((k - 1) * (per_nic + per_node))
+    return max(0, min(pieces, round(x * pieces)))
+
+
+def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, target: str = "executor",
+                    pieces: int | None = None) -> list[HierarchyPlan]:
+    """The compositions ``auto`` tries: each rail shape (Alltoall: each hop order instead) at each piece count of
+    :func:`piece_options` (or the user's ``--chunks``)."""
+    name = normalize_name(collective)
+    counts = (pieces,) if pieces else piece_options(topology, name, size_bytes, target)
+    if name == "alltoall":
+        return [HierarchyPlan(RailShape.DIRECT, c, order) for order in AlltoallOrder for c in counts]
+    shapes = list(RailShape) if topology.num_nodes > 2 else [RailShape.DIRECT]   # on two nodes they agree
+    if topology.num_nodes - 1 + topology.gpus_per_node - 1 > MAX_TBS_PER_CHANNEL_DIRECTION:
+        # a direct rail sends to every other node: with the node's peers that is more sending threadblocks than
+        # one channel holds (32 on 32 nodes of 8 GPUs: 38), and the writer's fused fallback simulates at 59%
+        shapes = [RailShape.RING]
+    plans = [HierarchyPlan(shape, c) for shape in shapes for c in counts]
+    trees = node_trees(topology)
+    return plans + [HierarchyPlan(RailShape.DIRECT, c, cross=x) for c in counts
+                    if (x := cross_pieces(topology, name, c, trees))]
+
+
+def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float, root: int | None = None,
+                         target: str = "executor", pieces: int | None = None,
+                         progress: Callable[[str], None] = lambda message: None,
+                         executor: Executor | None = None, deadline: Deadline = UNBOUNDED
+                         ) -> list[HierarchyCandidate]:
+    """Every composition of :func:`hierarchy_plans`, composed and replayed, fastest first (ties: plan order).
+
+    The compositions are independent: with an ``executor`` (a process pool, or a Dask cluster's
+    ``client.get_executor()``) they run there, and the result is the same as in this process. Once ``deadline``
+    has passed, the compositions done so far (at least one) are the answer.
+    """
+    check_applicable(topology, collective)
+    nodes = node_trees(topology)
+    plans = hierarchy_plans(topology, collective, size_bytes, target, pieces)
+    if executor is None:
+        results = (_compose_and_replay(topology, collective, p, size_bytes, root, nodes) for p in plans)
+    else:
+        futures = [executor.submit(_compose_and_replay, topology, collective, p, size_bytes, root, nodes)
+                   for p in plans]
+        results = (f.result() for f in futures)
+    out = []
+    for k, c in enumerate(results, 1):
+        progress(f"  [{k}/{len(plans)}] {c.plan.label(collective)}: {c.report.time_us:.2f} us "
+                 f"({len(c.schedule.transfers)} transfers)")
+        out.append(c)
+        if deadline.expired and k < len(plans):
+            progress(f"  time limit reached: {len(plans) - k} composition(s) not tried")
+            break
+    return worth_writing(out)
+
+
+def worth_writing(candidates: list[HierarchyCandidate]) -> list[HierarchyCandidate]:
+    """The candidates, fastest first, without those whose extra transfers buy less than :data:`PIPELINE_SHARE`
+    over a candidate with fewer (writing and checking a program costs time per transfer: on ndv2 x 8 at 1 MB,
+    8 pieces per rank replay 1.1% faster than one, with 8 times the transfers)."""
+    kept = []
+    for c in sorted(candidates, key=lambda c: len(c.schedule.transfers)):
+        if all(c.report.time_us < k.report.time_us * (1 - PIPELINE_SHARE) for k in kept
+               if len(k.schedule.transfers) < len(c.schedule.transfers)):
+            kept.append(c)
+    return sorted(kept, key=lambda c: c.report.time_us)
+
+
+def _compose_and_replay(topology: Topology, collective: str, plan: HierarchyPlan, size_bytes: float,
+                        root: int | None, nodes: NodeTrees) -> HierarchyCandidate:
+    """One composition, replayed (a module-level function, so process pools and Dask can run it)."""
+    t0 = time.perf_counter()
+    schedule = compose(topology, collective, plan, size_bytes, root, nodes)
+    report = verify(schedule, topology, size_bytes)
+    return HierarchyCandidate(plan, schedule, report, time.perf_counter() - t0,
+                              topology.num_nodes * topology.gpus_per_node)

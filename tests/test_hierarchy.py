@@ -1,0 +1,148 @@
+"""Hierarchical synthesis: compositions verify, cross nodes only on rails, fit the runtime, and are wired into solve."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from backends.msccl.writer import emit_verified_xml
+from synth.errors import InputError
+from synth.model.topology import load_topology
+from synth.schedule.replay import verify
+from synth.synthesis.hierarchy import (COLLECTIVES, AlltoallOrder, HierarchyPlan, RailShape, compose, cross_pieces,
+                                       node_trees, piece_options, synthesize_hierarchy)
+from synth.synthesis.method import Method
+from synth.synthesis.request import SynthesisRequest
+from synth.synthesis.select import hierarchy_applies, verified_candidates
+
+H100X2 = load_topology("dgx-h100", nodes=2)
+H100X4 = load_topology("dgx-h100", nodes=4)
+GB = 1 << 30
+
+
+def _crossing(schedule, topology):
+    return [t for t in schedule.transfers if topology.node_of(t.src) != topology.node_of(t.dst)]
+
+
+@pytest.mark.parametrize("collective, shape", [(c, s) for c in COLLECTIVES for s in RailShape
+                                               if c != "alltoall" or s == RailShape.DIRECT])
+def test_compositions_verify_and_cross_nodes_only_on_rails(collective, shape):
+    g = H100X4.gpus_per_node
+    for order in AlltoallOrder if collective == "alltoall" else [AlltoallOrder.NODE_FIRST]:
+        schedule = compose(H100X4, collective, HierarchyPlan(shape, 1 if collective == "alltoall" else 2, order),
+                           GB)
+        verify(schedule, H100X4, GB)        # raises unless every postcondition holds
+        crossing = _crossing(schedule, H100X4)
+        assert crossing and all(t.src % g == t.dst % g for t in crossing)
+
+
+def test_allgather_moves_each_shard_once_per_rank_and_node_links_carry_k_times_c():
+    k, c = H100X4.num_nodes, 2
+    schedule = compose(H100X4, "allgather", HierarchyPlan(RailShape.DIRECT, c), GB)
+    n = H100X4.num_ranks
+    assert len(schedule.transfers) == n * (n - 1) * c           # every rank receives every piece exactly once
+    per_connection = Counter((t.src, t.dst) for t in schedule.transfers)
+    inside = [m for (u, v), m in per_connection.items() if H100X4.node_of(u) == H100X4.node_of(v)]
+    assert set(inside) == {k * c}                                # a node star edge carries its rail's pieces
+    rails = [m for (u, v), m in per_connection.items() if H100X4.node_of(u) != H100X4.node_of(v)]
+    assert set(rails) == {c}                                     # direct: each piece once to each node
+
+
+def test_ring_rail_talks_to_one_node_each_way():
+    schedule = compose(H100X4, "allgather", HierarchyPlan(RailShape.RING, 1), GB)
+    peers = {(t.src, t.dst) for t in _crossing(schedule, H100X4)}
+    assert peers == {(r, (r + 8) % 32) for r in range(32)}
+
+
+def test_pipelining_reaches_the_node_bound_at_two_nodes():
+    """At 2 nodes the NVSwitch carries 7/8 of the buffer per GPU: 2^30 * 7/8 / 450 GB/s = 2087.8 us."""
+    one, many = (verify(compose(H100X2, "allgather", HierarchyPlan(RailShape.DIRECT, c), GB), H100X2, GB).time_us
+                 for c in (1, 16))
+    assert many < one and many == pytest.approx(GB * 7 / 8 / 450e3, rel=0.002)
+
+
+def test_alltoall_pxn_rounds_reach_the_nic_bound():
+    """Each NIC sends its node's 8 GPUs' blocks to the 3 other nodes: 3 * 8 * 2^30/32 / 50 GB/s = 16106.1 us; the
+    Latin-square rounds keep every NIC busy (first-come-first-served booking left holes: 73% of this)."""
+    schedule = compose(H100X4, "alltoall", HierarchyPlan(RailShape.DIRECT, 1, AlltoallOrder.NODE_FIRST), GB)
+    assert verify(schedule, H100X4, GB).time_us == pytest.approx(3 * 8 * GB / 32 / 50e3, rel=0.001)
+    nic_sends = Counter((t.step, t.src) for t in _crossing(schedule, H100X4))
+    assert set(nic_sends.values()) == {1}        # one block per NIC per round
+
+
+def test_written_program_fits_the_runtime():
+    schedule = compose(H100X2, "allgather", HierarchyPlan(RailShape.DIRECT, 2), GB)
+    emitted = emit_verified_xml(schedule, H100X2, "executor", GB)
+    assert max(len(g.tbs) for g in emitted.program.gpus) <= H100X2.sms_per_gpu
+    assert emitted.simulated_us == pytest.approx(verify(schedule, H100X2, GB).time_us, rel=0.01)
+
+
+def test_node_trees_star_on_nvswitch_and_fewest_hops_on_a_mesh():
+    assert node_trees(H100X2).kind == "star"
+    ndv2 = load_topology("ndv2", nodes=2)
+    trees = node_trees(ndv2)
+    assert trees.kind == "fewest-hop trees" and all(len(edges) == 7 for edges in trees.edges)
+    verify(compose(ndv2, "allreduce", HierarchyPlan(RailShape.DIRECT, 2), 1 << 20), ndv2, 1 << 20)
+
+
+def test_piece_options_fit_the_step_budget_and_include_one():
+    big = load_topology("dgx-h100", nodes=8)
+    for collective in COLLECTIVES:
+        options = piece_options(big, collective, GB)
+        assert options[0] == 1 and all(c & (c - 1) == 0 for c in options)
+        multiplier = 2 if collective == "allreduce" else 1
+        assert all(2 * 8 * c * multiplier <= 64 * 4 for c in options)
+
+
+def test_single_node_is_refused_with_the_fix():
+    with pytest.raises(InputError, match="--nodes K"):
+        synthesize_hierarchy(load_topology("dgx-h100"), "allgather", GB)
+    with pytest.raises(InputError, match="covers"):
+        synthesize_hierarchy(H100X2, "broadcast", GB)
+
+
+def test_method_hierarchy_gives_hierarchy_candidates_and_auto_tries_it():
+    request = SynthesisRequest(H100X2, "alltoall", 1 << 20, method=Method.HIERARCHY, include_baselines=False)
+    found = verified_candidates(request)
+    assert found and all(c.label.startswith("hierarchy/") for c in found)
+    assert found == sorted(found, key=lambda c: c.report.time_us)
+    assert hierarchy_applies(SynthesisRequest(H100X2, "allgather", GB))
+    assert not hierarchy_applies(SynthesisRequest(load_topology("dgx-h100"), "allgather", GB))
+
+
+def test_a_process_pool_gives_the_same_candidates_as_this_process():
+    from concurrent.futures import ProcessPoolExecutor
+
+    serial = synthesize_hierarchy(H100X2, "reducescatter", 1 << 20, pieces=2)
+    with ProcessPoolExecutor(2) as pool:
+        pooled = synthesize_hierarchy(H100X2, "reducescatter", 1 << 20, pieces=2, executor=pool)
+    assert [c.plan for c in pooled] == [c.plan for c in serial]
+    assert [c.schedule for c in pooled] == [c.schedule for c in serial]
+    assert [c.report for c in pooled] == [c.report for c in serial]
+
+
+def test_crossing_rails_at_two_nodes_beats_the_node_bound():
+    """Half the pieces also go NIC to another rail: NICs and NVSwitch ports then finish together."""
+    assert cross_pieces(H100X2, "allgather", 32, node_trees(H100X2)) == 16
+    assert cross_pieces(H100X4, "allgather", 32, node_trees(H100X4)) == 1     # the NICs nearly bind already
+    schedule = compose(H100X2, "allgather", HierarchyPlan(RailShape.DIRECT, 32, cross=16), GB)
+    assert verify(schedule, H100X2, GB).time_us < GB * 7 / 8 / 450e3 * 0.985
+    assert any(t.src % 8 != t.dst % 8 for t in _crossing(schedule, H100X2))
+
+
+def test_rails_too_wide_for_one_channel_go_round_a_ring():
+    """On 32 nodes a direct rail gives every GPU 31 NIC peers plus 7 node peers to send to: over one channel's 32."""
+    from synth.synthesis.hierarchy import hierarchy_plans
+
+    wide = load_topology("dgx-h100", nodes=32)
+    assert {p.rail for p in hierarchy_plans(wide, "allgather", GB)} == {RailShape.RING}
+    assert {p.rail for p in hierarchy_plans(H100X4, "allgather", GB)} == set(RailShape)
+
+
+def test_more_pieces_are_kept_only_when_clearly_faster():
+    found = synthesize_hierarchy(load_topology("ndv2", nodes=2), "allgather", 1 << 20)
+    for a in found:
+        for b in found:
+            if len(b.schedule.transfers) > len(a.schedule.transfers):
+                assert b.report.time_us < a.report.time_us * 0.98

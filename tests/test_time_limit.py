@@ -1,0 +1,202 @@
+"""``--time-limit`` bounds the whole ``synth solve``: the deadline, its reach into HiGHS and every phase, and the
+best verified plan written when it runs out (status ``time-limit``). Time is driven by injected clocks."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from synth.cli import main
+from synth.errors import NoSolutionError
+from synth.model.topology import load_topology
+from synth.solver.deadline import UNBOUNDED, Deadline, search_deadline
+from synth.solver.highs import FEASIBLE, NO_SOLUTION, OPTIMAL, Model, SolverOptions, solve_model
+from synth.synthesis.method import Method
+from synth.synthesis.request import SynthesisRequest
+from synth.synthesis.select import timed_phase
+from synth.synthesis.solve import TIME_LIMIT_STATUS, solve
+
+
+class ManualClock:
+    """A clock the test moves by hand (seconds)."""
+
+    def __init__(self, now: float = 100.0):
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def expired_deadline(budget_s: float = 30.0) -> Deadline:
+    """A deadline whose whole budget has passed already."""
+    clock = ManualClock()
+    deadline = Deadline.after(budget_s, clock)
+    clock.now += budget_s + 1
+    return deadline
+
+
+def test_deadline_counts_down_on_its_clock():
+    clock = ManualClock()
+    d = Deadline.after(20.0, clock)
+    assert (d.remaining_s(), d.expired, d.cap(60.0), d.cap(5.0)) == (20.0, False, 20.0, 5.0)
+    clock.now += 15
+    assert (d.elapsed_s(), d.remaining_s(), d.cap(60.0)) == (15.0, 5.0, 5.0)
+    assert d.reserving(3.0).remaining_s() == 2.0
+    clock.now += 6
+    assert (d.remaining_s(), d.expired, d.reserving(3.0).expired) == (0.0, True, True)
+
+
+def test_unbounded_deadline_never_expires():
+    assert (UNBOUNDED.bounded, UNBOUNDED.expired, UNBOUNDED.remaining_s(), UNBOUNDED.cap(7.0)) == (
+        False, False, math.inf, 7.0)
+    assert search_deadline(UNBOUNDED) is UNBOUNDED
+
+
+def test_search_keeps_a_reserve_for_writing_the_file():
+    assert search_deadline(Deadline(20.0)).budget_s == pytest.approx(17.0)     # 15%
+    assert search_deadline(Deadline(2.0)).budget_s == pytest.approx(1.5)       # at least 0.5 s
+    assert search_deadline(Deadline(0.2)).budget_s == 0.0                      # never below nothing
+    assert search_deadline(Deadline(3600.0)).budget_s == pytest.approx(3540.0)  # at most 60 s
+
+
+def _knapsack(n: int = 12) -> Model:
+    """max sum v x  s.t.  sum w x <= W, x binary (as a minimisation)."""
+    rng = np.random.default_rng(1)
+    weights = rng.integers(1, 50, n).astype(float)
+    return Model(cost=-rng.integers(1, 50, n).astype(float), col_lower=np.zeros(n), col_upper=np.ones(n),
+                 integer=np.ones(n, dtype=bool), rows=np.zeros(n, dtype=np.int64), cols=np.arange(n),
+                 vals=weights, row_lower=np.array([-np.inf]), row_upper=np.array([weights.sum() / 2]))
+
+
+def test_highs_gets_at_most_the_time_left():
+    model = _knapsack()
+    assert SolverOptions(time_limit_s=60.0, deadline=Deadline.after(10.0)).call_limit_s <= 10.0
+    assert solve_model(model, SolverOptions()).status == OPTIMAL
+    late = SolverOptions(time_limit_s=60.0, deadline=expired_deadline())
+    assert late.call_limit_s == 0.0
+    # no time left: no search, but a feasible start is still a solution (never called optimal)
+    assert solve_model(model, late).status == NO_SOLUTION
+    started = solve_model(model, late, initial=np.zeros(model.num_cols))
+    assert (started.status, started.objective) == (FEASIBLE, 0.0)
+
+
+def test_request_hands_the_search_part_of_its_deadline_to_every_solver_call(ring4):
+    clock = ManualClock()
+    deadline = Deadline.after(20.0, clock)
+    request = SynthesisRequest(ring4, "allgather", 1 << 20, deadline=deadline)
+    assert request.search_deadline == request.options.deadline == search_deadline(deadline)
+    assert request.options.deadline.budget_s == pytest.approx(17.0)
+    assert SynthesisRequest(ring4, "allgather", 1 << 20).search_deadline is UNBOUNDED
+
+
+def test_a_phase_that_cannot_start_in_time_is_skipped_and_says_so(ring4):
+    messages = []
+    request = SynthesisRequest(ring4, "allgather", 1 << 20, deadline=expired_deadline())
+
+    def never():
+        raise AssertionError("a phase ran after the time limit")
+
+    assert timed_phase("tree packing", never, request, messages.append) == []
+    assert messages == ["  tree packing: skipped (time limit reached)"]
+
+
+def test_a_phase_cut_by_the_deadline_leaves_the_others_but_real_failures_still_raise(ring4):
+    clock = ManualClock()
+    request = SynthesisRequest(ring4, "allgather", 1 << 20, deadline=Deadline.after(10.0, clock))
+    messages = []
+
+    def cut():
+        clock.now += 60                     # the solver ran out of time mid-phase
+        raise NoSolutionError("the solver found no schedule within 8.5 s")
+
+    assert timed_phase("alpha-beta", cut, request, messages.append) == []
+    assert messages == ["  alpha-beta: cut by the time limit (the solver found no schedule within 8.5 s)"]
+    on_time = SynthesisRequest(ring4, "allgather", 1 << 20, deadline=Deadline.after(10.0, ManualClock()))
+    with pytest.raises(NoSolutionError):
+        timed_phase("alpha-beta", lambda: (_ for _ in ()).throw(NoSolutionError("no")), on_time)
+
+
+def test_out_of_time_the_best_baseline_is_written_with_status_time_limit():
+    dgx1 = load_topology("dgx1")
+    messages = []
+    solution = solve(SynthesisRequest(dgx1, "allgather", 1 << 20, deadline=expired_deadline()),
+                     progress=messages.append)
+    assert solution.time_limited
+    assert solution.chosen.candidate.label.startswith("baseline/")
+    assert solution.xml.text.startswith("<algo")
+    report = solution.report()
+    assert (report["status"], report["plan_status"], report["time_limited"]) == (TIME_LIMIT_STATUS, "baseline",
+                                                                                True)
+    assert {"  step search: skipped (time limit reached)", "  alpha-beta: skipped (time limit reached)",
+            "  tree packing: skipped (time limit reached)"} <= set(messages)
+    # out of time, the smallest program is written first (quickest to lower and check), and only it
+    sizes = [len(c.result.schedule.transfers) for c in solution.candidates]
+    assert len(solution.chosen.candidate.result.schedule.transfers) == min(sizes) < max(sizes)
+    assert sum(m.startswith("  writing ") for m in messages) == 1
+    assert any(m.startswith("  time limit reached: ") for m in messages)
+
+
+def test_a_search_that_ends_in_time_is_not_time_limited(ring4):
+    solution = solve(SynthesisRequest(ring4, "allgather", 1 << 20, deadline=Deadline.after(3600.0)))
+    assert not solution.time_limited and solution.report()["status"] != TIME_LIMIT_STATUS
+
+
+def test_nothing_verified_in_time_is_no_solution():
+    """An explicit method has no baseline to fall back on: out of time, nothing verified, exit code 3."""
+    request = SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20, method=Method.ROUTED,
+                               deadline=expired_deadline())
+    with pytest.raises(NoSolutionError, match="no verified schedule within the time limit; raise --time-limit"):
+        solve(request)
+
+
+def test_cli_tiny_limit_writes_a_verified_plan_and_says_the_limit_cut_the_search(tmp_path):
+    """ndv2 x2 searches for more than a minute unbounded; with 0.5 s only the baselines run (the search part of
+    the budget is already gone after loading), and the file is written and verified."""
+    out = tmp_path / "ag.xml"
+    r = CliRunner().invoke(main, ["solve", "allgather", "--topology", "ndv2", "--nodes", "2", "--size", "1MB",
+                                  "--time-limit", "0.5", "-o", str(out), "--json"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert (report["status"], report["time_limited"]) == ("time-limit", True)
+    assert out.read_text().startswith("<algo")
+    assert "status time-limit: the 0.5 s limit cut the search" in r.stderr
+    check = CliRunner().invoke(main, ["check", str(out), "--target", "executor"])
+    assert check.exit_code == 0, check.output
+
+
+def test_hierarchy_stops_composing_at_the_deadline_and_counts_its_sub_problems():
+    from synth.synthesis.hierarchy import hierarchy_plans, synthesize_hierarchy
+
+    topology = load_topology("dgx-h100", nodes=4)
+    assert len(hierarchy_plans(topology, "allgather", 1 << 20)) > 1
+    messages = []
+    found = synthesize_hierarchy(topology, "allgather", 1 << 20, progress=messages.append,
+                                 deadline=expired_deadline())
+    total = len(hierarchy_plans(topology, "allgather", 1 << 20))
+    assert len(found) == 1 and messages[0].startswith(f"  [1/{total}] ")
+    assert messages[1] == f"  time limit reached: {total - 1} composition(s) not tried"
+
+
+def test_when_time_runs_out_while_writing_the_fastest_baseline_is_still_written(monkeypatch):
+    """The deadline passes during the first write (a synthesized plan): the fastest baseline is written too, so
+    the file is never slower than what the runtime would run anyway; the other candidates are left."""
+    import synth.synthesis.solve as solve_module
+
+    clock = ManualClock()
+    real_emit = solve_module.emit_verified_xml
+
+    def slow_emit(*args, **kwargs):
+        clock.now += 10_000                 # every write takes longer than the whole budget
+        return real_emit(*args, **kwargs)
+
+    monkeypatch.setattr(solve_module, "emit_verified_xml", slow_emit)
+    messages = []
+    solution = solve(SynthesisRequest(load_topology("dgx1"), "allgather", 1 << 20,
+                                      deadline=Deadline.after(3600.0, clock)), progress=messages.append)
+    writes = [m for m in messages if m.startswith("  writing ")]
+    assert solution.time_limited and len(writes) == 2
+    assert not writes[0].startswith("  writing baseline/") and writes[1].startswith("  writing baseline/")
+    assert solution.baseline is not None and solution.report()["speedup_vs_baseline"] >= 1.0
+    assert any(m.endswith("not written (the fastest baseline still is)") for m in messages)
