@@ -61,6 +61,9 @@ def measure(topology: str, nodes: int, collective: str, size: str, time_limit_s:
     except SynthError as exc:
         row.update(error=str(exc)[:120], wall_s=round(time.perf_counter() - t0, 2))
         return row
+    except Exception as exc:   # a bug: kept as a row (with its type) so one case does not lose the whole grid
+        row.update(error=f"BUG {type(exc).__name__}: {exc}"[:120], wall_s=round(time.perf_counter() - t0, 2))
+        return row
     report = solution.report()
     sim, plan = report["predicted_time_us"], report["plan_time_us"]
     row.update(method=report["method"][:28], sim_us=round(sim, 3), plan_us=round(plan, 3),
