@@ -15,6 +15,11 @@ Usage::
     python benchmarks/bench_quality.py                       # the issue's full grid (hours on 2 cores)
     python benchmarks/bench_quality.py --topologies dgx1 dgx-h100 --sizes 1MB 1GB --collectives allgather
     python benchmarks/bench_quality.py --quick               # single-node topologies at 1 GB
+    python benchmarks/bench_quality.py --two-node            # the two-node targets at 1 GB (TE-CCL models too)
+    python benchmarks/bench_quality.py --latency             # 1 KB against the alpha-diameter bound
+
+``binding`` says which bound is the limit (at 1 KB the alpha-diameter one). The JSON is rewritten after every
+row, so a long run stopped early keeps what it measured.
 
 Writes ``benchmarks/results/quality.json`` (``--out NAME`` for another name).
 """
@@ -42,6 +47,7 @@ TOPOLOGIES = [("dgx1", 1), ("dgx2", 1), ("dgx-a100", 1), ("dgx-h100", 1), ("ndv4
               ("fully-connected-8", 1), ("ndv2", 2), ("dgx2", 2), ("dgx-h100", 2)]
 SIZES = ["1KB", "64KB", "1MB", "64MB", "1GB"]
 SINGLE_NODE = ["dgx1", "dgx2", "dgx-a100", "dgx-h100", "ndv4"]
+TWO_NODE = [("ndv2", 2), ("dgx2", 2), ("dgx-h100", 2), ("ndv2-2node-tecc", 1), ("dgx2-2node-tecc", 1)]
 
 
 def measure(topology: str, nodes: int, collective: str, size: str, time_limit_s: float) -> dict:
@@ -54,6 +60,9 @@ def measure(topology: str, nodes: int, collective: str, size: str, time_limit_s:
                                           options=SolverOptions(time_limit_s=time_limit_s)))
     except SynthError as exc:
         row.update(error=str(exc)[:120], wall_s=round(time.perf_counter() - t0, 2))
+        return row
+    except Exception as exc:   # a bug: kept as a row (with its type) so one case does not lose the whole grid
+        row.update(error=f"BUG {type(exc).__name__}: {exc}"[:120], wall_s=round(time.perf_counter() - t0, 2))
         return row
     report = solution.report()
     sim, plan = report["predicted_time_us"], report["plan_time_us"]
@@ -71,15 +80,20 @@ def main() -> None:
     parser.add_argument("--topologies", nargs="*", help="names, NAME:K for K nodes (default: the issue's ten)")
     parser.add_argument("--collectives", nargs="*", default=list(COLLECTIVES))
     parser.add_argument("--sizes", nargs="*", default=SIZES)
-    parser.add_argument("--quick", action="store_true", help="single-node topologies at 1 GB only")
+    preset = parser.add_mutually_exclusive_group()
+    preset.add_argument("--quick", action="store_true", help="single-node topologies at 1 GB only")
+    preset.add_argument("--two-node", action="store_true", help="the two-node topologies (and *-tecc) at 1 GB")
+    preset.add_argument("--latency", action="store_true", help="1 KB (the alpha-diameter target)")
     parser.add_argument("--time-limit", type=float, default=30.0, help="solver limit per MILP, seconds")
     parser.add_argument("--out", default="quality")
     args = parser.parse_args()
     if args.topologies:
         topologies = [(t.split(":")[0], int(t.split(":")[1])) if ":" in t else (t, 1) for t in args.topologies]
+    elif args.two_node:
+        topologies = TWO_NODE
     else:
         topologies = [(t, 1) for t in SINGLE_NODE] if args.quick else TOPOLOGIES
-    sizes = ["1GB"] if args.quick else args.sizes
+    sizes = ["1GB"] if args.quick or args.two_node else ["1KB"] if args.latency else args.sizes
     rows = []
     for topology, nodes in topologies:
         for collective in args.collectives:
@@ -89,9 +103,10 @@ def main() -> None:
                 print(f"{row['topology']:>18} {collective:>13} {format_size(parse_size(size)):>6}: "
                       f"{row.get('pct_limit', row.get('error'))}% of limit, x{row.get('ratio')} vs baseline, "
                       f"{row['wall_s']} s", file=sys.stderr, flush=True)
+                path = write_json(args.out, rows)
     print_table(rows, ["topology", "gpus", "collective", "size", "method", "sim_us", "plan_us", "plan_vs_sim_pct",
-                       "pct_limit", "baseline", "base_us", "ratio", "wall_s"])
-    print(f"wrote {write_json(args.out, rows)}")
+                       "pct_limit", "binding", "baseline", "base_us", "ratio", "wall_s"])
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -2,16 +2,26 @@
 connections spread over channels, and the fast fit estimate the writer and synthesis use (DESIGN section 7)."""
 
 import json
+import re
 from dataclasses import replace
 
+import pytest
 from click.testing import CliRunner
+from support.programs import render, ring_allgather
 
+from backends.msccl.fit import Lowering, fit_lowering, plan_fit
 from backends.msccl.limits import runtime_limits
 from backends.msccl.lint import lint_program
+from backends.msccl.lowering import lower_to_msccl
+from backends.msccl.merge import merge_contiguous
+from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_program
+from backends.msccl.writer import emit_verified_xml
 from synth.cli import main
+from synth.errors import BackendError
+from synth.model.collectives import make_collective
 from synth.model.topology import load_topology
-from support.programs import render, ring_allgather
+from synth.schedule.ir import Schedule, Transfer
 
 THREE_TBS_MESSAGE = "3 threadblocks; all must be co-resident (one per SM) and the GPU has 2 SMs, so at most 2"
 
@@ -63,14 +73,6 @@ def test_check_takes_the_sm_count_from_an_option_or_a_topology(tmp_path):
 
 
 # --- merged steps and spread connections ---------------------------------------------------------------------
-
-from backends.msccl.fit import Lowering, fit_lowering, plan_fit          # noqa: E402
-from backends.msccl.lowering import lower_to_msccl                        # noqa: E402
-from backends.msccl.merge import merge_contiguous                         # noqa: E402
-from backends.msccl.simulate import simulate_program                      # noqa: E402
-from backends.msccl.writer import emit_verified_xml                       # noqa: E402
-from synth.model.collectives import make_collective                      # noqa: E402
-from synth.schedule.ir import Schedule, Transfer                          # noqa: E402
 
 
 def chain_broadcast(chunks: int, n: int = 4) -> Schedule:
@@ -126,3 +128,26 @@ def test_fit_names_the_limit_that_rules_a_schedule_out():
     assert plan.reason().startswith("fused lowering: error: tbs-per-gpu: gpu 0: 2 threadblocks; all must be "
                                     "co-resident (one per SM) and the GPU has 1 SMs, so at most 1 (both runtimes)")
     assert " / plain lowering: error: tbs-per-gpu: gpu 0: 2 threadblocks" in plan.reason()
+
+
+def test_more_peers_than_sms_is_refused_from_the_schedule_alone():
+    n = 6
+    coll = make_collective("broadcast", n, 1, 0)
+    star = Schedule(coll, "fully-connected-6", tuple(Transfer(0, 0, d, 0) for d in range(1, n)), 1)
+    small = replace(load_topology("fully-connected-6"), sms_per_gpu=4)
+    reason = "rank 0 must send to 5 peers, a threadblock each, and its GPU runs at most 4 threadblocks (one per SM)"
+    with pytest.raises(BackendError, match=re.escape(f"no MSCCL lowering fits: {reason}")):
+        plan_fit(star, small)
+    with pytest.raises(BackendError, match=re.escape(f"for the executor runtime: {reason}")):
+        emit_verified_xml(star, small, "executor", 1 << 20)
+    assert plan_fit(star, replace(small, sms_per_gpu=6)).ok
+
+
+def test_a_rank_with_more_than_32_peers_spreads_them_over_channels():
+    n = 40                                             # rank 0 sends to 39 peers; a channel holds 32 send tbs
+    star = Schedule(make_collective("broadcast", n, 1, 0), f"fully-connected-{n}",
+                    tuple(Transfer(0, 0, d, 0) for d in range(1, n)), 1)
+    topology = load_topology(f"fully-connected-{n}")
+    emitted = emit_verified_xml(star, topology, "executor", 1 << 20)
+    assert emitted.channels == 2
+    assert not [f for f in runtime_limits(emitted.program) if f.kind == "tb-connection"]

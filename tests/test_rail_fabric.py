@@ -114,3 +114,41 @@ def test_topo_show_summarises_a_rail_cluster():
     assert "switch spine (alpha 0.5 us) ports leaf:egress/ingress GB/s: rail0:1600/1600" in out
     assert "symmetry: 256 rank permutations acting freely" in out
     assert len(out.splitlines()) < 40
+
+
+def test_a_rail_cluster_written_as_json_follows_the_schema():
+    import json
+    from importlib import resources
+
+    import jsonschema
+    schema = json.loads((resources.files("synth") / "schemas" / "topology.schema.json").read_text())
+    jsonschema.validate(load_topology("dgx-h100", 2, "rail").to_dict(), schema)
+
+
+@pytest.mark.parametrize("name,fabric", [("dgx-h100", "rail"), ("ndv2", "switch")])
+def test_a_reversed_cluster_is_the_file_loaders_reversed(name, fabric):
+    from synth.model.topology import reverse_topology
+    t = load_topology(name, 3, fabric, 2.0 if fabric == "rail" else 1.0)
+    expected = reverse_topology(topology_from_dict(t.to_dict(), "round trip"))
+    got = reverse_topology(t)
+    assert list(got.links) == list(expected.links) and got.switches == expected.switches
+    assert got.sms_per_gpu == t.sms_per_gpu
+
+
+@pytest.mark.parametrize("name,nodes,fabric,orbits", [
+    ("dgx-h100", 2, "switch", 4),     # NVSwitch ports of both nodes; NIC ports; each way
+    ("dgx-h100", 3, "rail", 6),       # NVSwitch, leaf and spine ports
+    ("dgx2", 2, "rail", 8)])          # its group rotates NIC pairs: a pair's two GPUs stay apart (2 NVSwitch orbits)
+def test_port_orbits_span_nodes_and_rails(name, nodes, fabric, orbits):
+    from synth.model.collectives import make_collective
+    from synth.model.symmetry import symmetry_for_collective
+    t = load_topology(name, nodes, fabric)
+    group = symmetry_for_collective(t, make_collective("alltoall", t.num_ranks, 1))
+    reps = group.port_orbit_reps(t)
+    images = group.link_images(t)
+    links = list(t.links)
+    for g in range(group.order):          # a permutation maps a link's k-th port onto its image's k-th port
+        for li, link in enumerate(links):
+            image = links[images[g, li]]
+            assert [reps[u] for u in link.ports] == [reps[u] for u in image.ports]
+    assert len(set(reps.values())) == orbits

@@ -19,20 +19,23 @@ send/receive) and says which fit, or the exact limit that rules the schedule out
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from math import ceil
-
-from synth.model.topology import Topology
-from synth.schedule.ir import Schedule
 
 from backends.msccl.findings import Finding
 from backends.msccl.ir import MscclProgram
-from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_PER_CHANNEL_DIRECTION, max_steps,
-                                   runtime_limits)
+from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_PER_CHANNEL_DIRECTION,
+                                   connection_findings, max_steps, nchannels_findings, step_limit_findings,
+                                   tb_limit_findings, tbs_per_gpu_findings)
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
+from synth.errors import BackendError
+from synth.model.topology import Topology
+from synth.schedule.ir import Schedule
 
 MAX_TRIALS = 12     # lowerings tried per mode before giving up (each is linear in the schedule)
+WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on more channels
 
 
 @dataclass(frozen=True)
@@ -101,8 +104,15 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
 
 def measure(program: MscclProgram, lowering: Lowering, target: str, sms: int | None) -> Fit:
     """The program's shape and the runtime limits it breaks on ``target`` (no rendering, no execution)."""
-    broken = tuple(f for f in runtime_limits(program, sms)
-                   if f.kind in LIMIT_KINDS and f.severity == "error" and target in f.runtimes)
+    found = nchannels_findings(program)
+    for gpu in program.gpus:   # the limit rules of limits.runtime_limits, without its per-step buffer checks
+        found += connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms)
+        for tb in gpu.tbs:
+            found += tb_limit_findings(program, gpu, tb)
+            if any(not 1 <= st.cnt <= MAX_CNT for st in tb.steps if st.type != "nop"):
+                found += [f for k, st in enumerate(tb.steps)
+                          for f in step_limit_findings(st, {"gpu": gpu.id, "tb": tb.id, "step": k})]
+    broken = tuple(f for f in found if f.kind in LIMIT_KINDS and f.severity == "error" and target in f.runtimes)
     tbs = max((len(g.tbs) for g in program.gpus), default=0)
     steps = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
     return Fit(lowering, program, tbs, steps, broken)
@@ -113,11 +123,33 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     """The lowering of ``schedule`` with the smallest ``max_cnt``, then the fewest channels, that fits ``target``
     and the topology's SMs; when none does, the closest miss (its ``broken`` says why).
 
-    Each trial lowers the schedule once (linear in its transfers); at most :data:`MAX_TRIALS` are tried.
+    The search starts at the channels the longest connection needs unmerged; each trial lowers the schedule once
+    (linear in its transfers); at most :data:`MAX_TRIALS` are tried.
+
+    Examples
+    --------
+    A broadcast pipelined in 200 pieces down the chain 0 -> 1 -> 2 -> 3 of ``ring-4``: 200 messages per
+    connection, 64 steps per threadblock on the executor. With SMs to spare the pieces go round robin over 4
+    channels; on a GPU of 2 SMs (one send and one receive threadblock) they travel 4 to a step instead.
+
+    >>> from dataclasses import replace
+    >>> from synth.model.collectives import make_collective
+    >>> from synth.model.topology import load_topology
+    >>> from synth.schedule.ir import Schedule, Transfer
+    >>> chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(200) for r in range(3))
+    >>> schedule = Schedule(make_collective("broadcast", 4, 200, 0), "ring-4", chain, 202)
+    >>> fit_lowering(schedule, load_topology("ring-4")).lowering.label
+    'fused (4 channels)'
+    >>> small = replace(load_topology("ring-4"), sms_per_gpu=2)
+    >>> fit = fit_lowering(schedule, small, fuse=False)
+    >>> fit.lowering.label, fit.tbs_per_gpu, fit.steps_per_tb
+    ('plain (cnt <= 4)', 2, 50)
     """
     limit = max_steps(target)
     sms = topology.sms_per_gpu
-    channels, max_cnt = 1, 1
+    # a connection's messages need at least this many channels of ``limit`` steps (unmerged): start there
+    longest = max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
+    channels, max_cnt = max(1, min(MAX_CHANNELS - 1, ceil(longest / limit))), 1
     best: Fit | None = None
     tried = set()
     for _ in range(MAX_TRIALS):
@@ -152,6 +184,27 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     return best
 
 
+def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options) -> list[Fit]:
+    """``fit`` and, where the SMs and channels allow, the same lowering on 2 and 4 times its channels: messages of
+    one connection from several threadblocks often keep a link busier, so the simulator should choose. Skipped
+    for programs of more than :data:`WIDEN_MAX_STEPS` steps (each variant is another lowering)."""
+    out = [fit]
+    total = sum(len(tb.steps) for g in fit.program.gpus for tb in g.tbs)
+    if total > WIDEN_MAX_STEPS:
+        return out
+    most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)
+    for factor in (2, 4):
+        channels = fit.lowering.channels * factor
+        if channels > most:
+            break
+        lowering = replace(fit.lowering, channels=channels)
+        wider = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
+                        topology.sms_per_gpu)
+        if wider.fits:
+            out.append(wider)
+    return out
+
+
 def _most_channels(fit: Fit, channels: int, sms: int | None, fuse: bool) -> int:
     """Channels the threadblock count allows, from the count at ``channels`` (threadblocks grow about linearly)."""
     most = MAX_CHANNELS - 1 if fuse else MAX_CHANNELS   # fused chains leave channel 0 to plain steps
@@ -166,8 +219,35 @@ def _closer(a: Fit, b: Fit) -> bool:
     return (len({f.kind for f in a.broken}), a.steps_per_tb) < (len({f.kind for f in b.broken}), b.steps_per_tb)
 
 
+def hopeless(schedule: Schedule, topology: Topology) -> str | None:
+    """Why no lowering of ``schedule`` can fit the GPUs' SMs, from the schedule alone (linear, no lowering); None
+    when it may fit.
+
+    A rank needs a threadblock per peer it receives from and one per peer it sends to (a fused one can do one of
+    each); merging and spreading only add threadblocks, so more peers in one direction than SMs never fit.
+    """
+    sms = topology.sms_per_gpu
+    if sms is None:
+        return None
+    peers: dict[tuple[int, str], set[int]] = {}
+    for t in schedule.transfers:
+        peers.setdefault((t.src, "send to"), set()).add(t.dst)
+        peers.setdefault((t.dst, "receive from"), set()).add(t.src)
+    for (rank, direction), ranks in sorted(peers.items()):
+        if len(ranks) > sms:
+            return (f"rank {rank} must {direction} {len(ranks)} peers, a threadblock each, and its GPU runs at "
+                    f"most {sms} threadblocks (one per SM)")
+    return None
+
+
 def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", **program_options) -> FitPlan:
-    """Fit both lowerings (fused chains first, then plain sends and receives); see :func:`fit_lowering`."""
+    """Fit both lowerings (fused chains first, then plain sends and receives); see :func:`fit_lowering`.
+
+    Raises :class:`~synth.errors.BackendError` at once when the schedule is :func:`hopeless`.
+    """
+    reason = hopeless(schedule, topology)
+    if reason is not None:
+        raise BackendError(f"no MSCCL lowering fits: {reason}")
     fits, misses = [], []
     for fuse in (True, False):
         fit = fit_lowering(schedule, topology, target, fuse, **program_options)

@@ -843,7 +843,7 @@ class _Machine:
             return [_EMPTY] * cnt
         memory = self.memory[ref[0]]
         for j, key in enumerate(keys):
-            self._access(t, ref, key, False, f"{buf}[{off + j}]")
+            self._access(t, ref, key, False, buf, off + j)
         return [memory.get(key, _EMPTY) for key in keys]
 
     def _write(self, t: int, ref: Ref, buf: str, off: int, value: list, step: Step) -> None:
@@ -852,14 +852,15 @@ class _Machine:
             return
         memory = self.memory[ref[0]]
         for j, (key, v) in enumerate(zip(keys, value)):
-            self._access(t, ref, key, True, f"{buf}[{off + j}]")
+            self._access(t, ref, key, True, buf, off + j)
             memory[key] = v
             self.last_writer[(ref[0], key)] = ref
 
     # ------------------------------------------------------------------ races
 
-    def _access(self, t: int, ref: Ref, key, write: bool, name: str) -> None:
-        """Check one chunk access against the slot's last write and the reads since (FastTrack-style)."""
+    def _access(self, t: int, ref: Ref, key, write: bool, buf: str, index: int) -> None:
+        """Check one access to chunk ``buf[index]`` against the slot's last write and the reads since
+        (FastTrack-style)."""
         if not self.track_races:
             return
         slot = (ref[0], key)
@@ -871,11 +872,11 @@ class _Machine:
             return
         last = hist[0]
         if last is not None and last[0] != t and vc[last[0]] < last[1]:
-            self._race(last[2], ref, "write-write" if write else "write-read", name)
+            self._race(last[2], ref, "write-write" if write else "write-read", f"{buf}[{index}]")
         if write:
             for u, (e, other) in hist[1].items():
                 if u != t and vc[u] < e:
-                    self._race(other, ref, "read-write", name)
+                    self._race(other, ref, "read-write", f"{buf}[{index}]")
             hist[0] = (t, epoch, ref)
             hist[1] = {}
         else:

@@ -31,9 +31,10 @@ from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
 
 from backends.msccl import conventions
 from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock, safe_name
-from backends.msccl.limits import MAX_CHANNELS, max_steps
+from backends.msccl.limits import MAX_CHANNELS, MAX_TBS_PER_CHANNEL_DIRECTION
 
 DEFAULT_MAX_BYTES = 1 << 40
+PEER_SLACK = 4     # threadblocks per channel and direction kept free when peers are split over channels
 TARGETS = ("executor", "legacy")
 
 
@@ -61,28 +62,41 @@ def _position(step: int, phase: int, chunk: int, peer: int) -> tuple:
 class _RankPlan:
     """Builds the ops of one rank from the transfers it takes part in."""
 
-    def __init__(self, rank: int, schedule: Schedule, layout):
+    def __init__(self, rank: int, schedule: Schedule, layout, indices: _ChunkIndices):
         self.rank = rank
         self.coll = schedule.collective
         self.layout = layout
+        self.indices = indices
         self.ops: list[_Op] = []
 
     def home(self, chunk: int) -> tuple[str, int]:
         key = (self.rank, chunk)
         if key in self.layout.slot:
             return self.layout.slot[key]
-        return ("o", self.coll.chunks[chunk].output_index(self.rank))
+        return ("o", self.output_index(chunk))
 
     def own_input(self, chunk: int) -> tuple[str, int] | None:
-        idx = self.coll.chunks[chunk].input_index(self.rank)
+        idx = self.indices.inputs[chunk].get(self.rank)
         return None if idx is None else ("i", idx)
+
+    def output_index(self, chunk: int) -> int | None:
+        return self.indices.outputs[chunk].get(self.rank)
+
+
+class _ChunkIndices:
+    """Per chunk, rank -> input index and rank -> output index, built once (a Chunk builds a dict per lookup)."""
+
+    def __init__(self, coll):
+        self.inputs = [dict(c.initial) for c in coll.chunks]
+        self.outputs = [dict(c.destinations) for c in coll.chunks]
 
 
 def _plan_ops(schedule: Schedule, fuse: bool):
     """Per-rank op lists with read/write slots, fused where a received chunk is forwarded."""
     coll = schedule.collective
     layout = buffer_layout(schedule)
-    plans = [_RankPlan(r, schedule, layout) for r in range(coll.num_ranks)]
+    indices = _ChunkIndices(coll)
+    plans = [_RankPlan(r, schedule, layout, indices) for r in range(coll.num_ranks)]
     ordered = schedule.ordered()
     recvs_at = defaultdict(list)     # (rank, chunk) -> receives in order
     sends_at = defaultdict(list)     # (rank, chunk) -> sends in order
@@ -92,7 +106,9 @@ def _plan_ops(schedule: Schedule, fuse: bool):
     for recvs in recvs_at.values():  # in the order their ops run (see _position), whatever the start times
         recvs.sort(key=lambda t: (t.step, t.src))
 
-    fused_with: dict[Transfer, Transfer] = {}   # send -> the receive it is fused into
+    # Transfers are keyed by id() here and below: they are the schedule's own objects, and hashing a frozen
+    # dataclass of seven fields on every lookup dominated lowering large schedules.
+    fused_with: dict[int, tuple[Transfer, Transfer]] = {}   # id(send) -> (send, the receive it is fused into)
     if fuse:
         for (rank, chunk), sends in sends_at.items():
             recvs = recvs_at.get((rank, chunk), [])
@@ -101,11 +117,11 @@ def _plan_ops(schedule: Schedule, fuse: bool):
             last = recvs[-1]
             first_after = next((s for s in sends if s.step > last.step), None)
             if first_after is not None and first_after.op == last.op:
-                fused_with[first_after] = last
+                fused_with[id(first_after)] = (first_after, last)
 
-    fused_at = defaultdict(dict)     # (rank, chunk) -> {receive: the send fused into it}
-    for send, recv in fused_with.items():
-        fused_at[(send.src, send.chunk)][recv] = send
+    fused_at = defaultdict(dict)     # (rank, chunk) -> {id(receive): the send fused into it}
+    for send, recv in fused_with.values():
+        fused_at[(send.src, send.chunk)][id(recv)] = send
     touched_at = defaultdict(set)    # rank -> chunks it receives or sends
     for rank, chunk in list(recvs_at) + list(sends_at):
         touched_at[rank].add(chunk)
@@ -120,7 +136,7 @@ def _plan_ops(schedule: Schedule, fuse: bool):
             fused_send = fused_at.get((r, chunk), {})
             partial = own  # where this rank's current partial sum of a reduced chunk lives
             for t in recvs:
-                send = fused_send.get(t)
+                send = fused_send.get(id(t))
                 reads_later = any(s.step > t.step and s is not send for s in sends)
                 if t.op == REDUCE and partial is not None:
                     src = partial
@@ -133,9 +149,9 @@ def _plan_ops(schedule: Schedule, fuse: bool):
                     partial = home
                 op = _Op(kind, t, send, src, home, _position(t.step, 1, chunk, t.src), writes=kind != "rrs")
                 plan.ops.append(op)
-            fused = set(fused_send.values())
+            fused = {id(f) for f in fused_send.values()}
             for s in sends:
-                if s in fused:
+                if id(s) in fused:
                     continue
                 received = [t for t in recvs if t.step < s.step]
                 if s.op == REDUCE:
@@ -143,16 +159,16 @@ def _plan_ops(schedule: Schedule, fuse: bool):
                 else:
                     # a rank's own chunk that it also outputs is sent from the output copy (made first by a
                     # cpy), so in-place runs never write the slot a send is reading
-                    outputs_here = coll.chunks[chunk].output_index(r) is not None
+                    outputs_here = plan.output_index(chunk) is not None
                     src = home if received or own is None or outputs_here else own
                 plan.ops.append(_Op("s", None, s, src, src, _position(s.step, 0, chunk, s.dst), writes=False))
             # out-of-place: a rank's own data that it must also output is copied from input to output
-            out = coll.chunks[chunk].output_index(r)
+            out = plan.output_index(chunk)
             if own is not None and out is not None and not coll.combining and not recvs:
                 plan.ops.append(_Op("cpy", None, None, own, ("o", out), _position(-1, 0, chunk, r)))
         for c in coll.chunks:  # chunks a rank holds and outputs but never moves (e.g. a gather root's own)
-            out = c.output_index(r)
-            own = c.input_index(r)
+            out = indices.outputs[c.id].get(r)
+            own = indices.inputs[c.id].get(r)
             if out is not None and own is not None and c.id not in touched_at[r] and not coll.combining:
                 plan.ops.append(_Op("cpy", None, None, ("i", own), ("o", out), _position(-1, 0, c.id, r)))
     return plans, layout
@@ -170,13 +186,13 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
     for plan in plans:
         for op in plan.ops:
             if op.recv is not None:
-                recv_op[op.recv] = op
+                recv_op[id(op.recv)] = op
     channel_of: dict[int, int] = {}
     unplaced: list[_Op] = []
     used = defaultdict(dict)   # (rank, chan) -> {("in", peer) or ("out", peer): partner}
     fused_ops = [op for plan in plans for op in plan.ops if op.recv is not None and op.send is not None]
-    fed_by_fused = {op.send for op in fused_ops}
-    heads = [op for op in fused_ops if op.recv not in fed_by_fused]
+    fed_by_fused = {id(op.send) for op in fused_ops}
+    heads = [op for op in fused_ops if id(op.recv) not in fed_by_fused]
     visited = set()
     chains = []
     for start in sorted(heads, key=lambda o: (o.position, o.recv.dst)):
@@ -184,11 +200,11 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
             continue
         chain = [start]
         in_chain = {id(start)}
-        nxt = recv_op.get(start.send)
+        nxt = recv_op.get(id(start.send))
         while nxt is not None and nxt.send is not None and id(nxt) not in visited and id(nxt) not in in_chain:
             chain.append(nxt)
             in_chain.add(id(nxt))
-            nxt = recv_op.get(nxt.send)
+            nxt = recv_op.get(id(nxt.send))
         for op in chain:
             visited.add(id(op))
         chains.append(chain)
@@ -207,15 +223,18 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
                 break
         else:
             unplaced.extend(chain)   # no channel left: these are unfused by the caller
-    unplaced += [op for op in fused_ops if id(op) not in visited]   # a cycle of fused ops has no head
+    # Fused ops no chain reached (a cycle of forwards with no head) are unfused like those without a channel.
+    unplaced.extend(op for op in fused_ops if id(op) not in channel_of and id(op) not in visited)
+    if unplaced:
+        return unplaced
     # Transfers carried on a fused channel must use that channel at their other end too.
     transfer_chan = dict(spread or {})
     for plan in plans:
         for op in plan.ops:
             ch = channel_of.get(id(op))
             if ch:
-                transfer_chan[op.recv] = ch
-                transfer_chan[op.send] = ch
+                transfer_chan[id(op.recv)] = ch
+                transfer_chan[id(op.send)] = ch
     for plan in plans:
         r = plan.rank
         for op in plan.ops:
@@ -225,11 +244,11 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
                 if id(op) in channel_of:     # else unplaced: the caller unfuses it and assigns again
                     op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
             elif op.recv is not None:
-                ch = transfer_chan.get(op.recv, 0)
+                ch = transfer_chan.get(id(op.recv), 0)
                 partner = used[(r, ch)].get(("in", op.recv.src), -1) if ch else -1
                 op.tb_key = (ch, op.recv.src, partner)
             else:
-                ch = transfer_chan.get(op.send, 0)
+                ch = transfer_chan.get(id(op.send), 0)
                 partner = used[(r, ch)].get(("out", op.send.dst), -1) if ch else -1
                 op.tb_key = (ch, partner, op.send.dst)
     return unplaced
@@ -284,7 +303,8 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
     plans, layout = _plan_ops(schedule, fuse)
-    spread = None if channels <= 1 else _spread_over_channels(schedule, channels, group)
+    buckets = _peer_buckets(schedule)
+    spread = None if channels <= 1 and buckets == 1 else _spread_over_channels(schedule, channels, group, buckets)
     for _ in range(8):
         bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
         bad = bad or _connection_orders_agree(plans)
@@ -298,8 +318,8 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
                               channels, group)
     coll = schedule.collective
-    peers = _PeerSlots({op.send: op.src for plan in plans for op in plan.ops if op.send is not None},
-                       {op.recv: op.dst for plan in plans for op in plan.ops if op.recv is not None})
+    peers = _PeerSlots({id(op.send): op.src for plan in plans for op in plan.ops if op.send is not None},
+                       {id(op.recv): op.dst for plan in plans for op in plan.ops if op.recv is not None})
     inplace = 0 if coll.name == "alltoall" else 1
     gpus = [_emit_gpu(plan, layout.scratch_chunks[plan.rank], coll, peers, topology, inplace)
             for plan in plans]
@@ -326,14 +346,31 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
             continue
         port = link.ports[0]         # the sender's egress port
         before = previous.get(port)
-        if before is not None and before.tb_key != op.tb_key and before not in op.deps:
+        # (the same connection on another channel shares the link itself, which serves its messages in turn)
+        if before is not None and before.tb_key != op.tb_key and before not in op.deps \
+                and before.send.dst != op.send.dst:
             op.deps = tuple(d for d in op.deps if d.tb_key != before.tb_key) + (before,)
         previous[port] = op
 
 
-def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1) -> dict:
-    """Channel of every transfer: :func:`spread_index` of its chunk (both ends of a connection agree)."""
-    return {t: spread_index(t.chunk, channels, group) for t in schedule.transfers}
+def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1, buckets: int = 1) -> dict:
+    """Channel of every transfer (by id): :func:`spread_index` of its chunk (both ends of a connection agree),
+    in one of ``buckets`` sets of ``channels`` chosen by the connection (:func:`_peer_buckets`)."""
+    return {id(t): spread_index(t.chunk, channels, group) + channels * ((t.src + t.dst) % buckets)
+            for t in schedule.transfers}
+
+
+def _peer_buckets(schedule: Schedule) -> int:
+    """Sets of channels a rank's peers are spread over: a channel holds at most 32 sending and 32 receiving
+    threadblocks per GPU, one per peer in the plain lowering, so a rank with more peers in one direction puts
+    connection (src, dst) in set ``(src + dst) % buckets`` (even at both ends); a little slack absorbs the
+    unevenness of that split."""
+    peers: dict[tuple[int, int], set[int]] = defaultdict(set)
+    for t in schedule.transfers:
+        peers[(t.src, 0)].add(t.dst)
+        peers[(t.dst, 1)].add(t.src)
+    most = max((len(p) for p in peers.values()), default=0)
+    return max(1, -(-most // (MAX_TBS_PER_CHANNEL_DIRECTION - PEER_SLACK)))
 
 
 def spread_index(chunk: int, channels: int, group: int = 1) -> int:
@@ -344,13 +381,6 @@ def spread_index(chunk: int, channels: int, group: int = 1) -> int:
     so they can merge into one step of ``cnt = group`` (:mod:`backends.msccl.merge` cuts at the same multiples).
     """
     return (chunk // max(1, group)) % channels
-
-
-def channels_needed(program: MscclProgram, target: str = "executor") -> int:
-    """Channels a plain lowering needs so that no threadblock exceeds the target's steps limit."""
-    limit = max_steps(target)
-    longest = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
-    return max(1, -(-longest // limit))
 
 
 def _memory_key(slot: tuple[str, int], coll, rank: int) -> tuple[str, int]:
@@ -387,7 +417,7 @@ def _add_dependencies(ops: list[_Op], key) -> None:
 
 @dataclass(frozen=True)
 class _PeerSlots:
-    """Where each transfer is read at its sender and written at its receiver.
+    """Where each transfer (by id) is read at its sender and written at its receiver.
 
     A plain send's destination fields and a plain receive's source fields name nothing local; msccl-tools writes
     the other end's slot there, and checkers such as MSCCL-XML-Verifier match messages by them (the runtimes do
@@ -398,9 +428,9 @@ class _PeerSlots:
 
     def fields(self, op: _Op) -> tuple[tuple[str, int], tuple[str, int]]:
         if op.kind == "s":
-            return op.src, self.received_into.get(op.send, op.dst)
+            return op.src, self.received_into.get(id(op.send), op.dst)
         if op.kind == "r":
-            return self.sent_from.get(op.recv, op.src), op.dst
+            return self.sent_from.get(id(op.recv), op.src), op.dst
         return op.src, op.dst
 
 

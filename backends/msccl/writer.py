@@ -3,14 +3,14 @@
 :func:`emit_verified_xml` lowers a schedule both ways (fused ``rcs``/``rrs`` chains, and plain separate
 send/receive threadblocks, which are deadlock-free even with rendezvous sends), each fitted to the runtime's limits
 and the GPU's SM count by :func:`backends.msccl.fit.fit_lowering` (connections spread over channels, contiguous
-chunks merged into ``cnt > 1`` steps only as far as needed). Each variant is rendered, the *text* is parsed
-back with our parser and judged by :func:`backends.msccl.verdict.check_text` for the target, exactly as
-``synth check`` judges a file (lexical rules, runtime rules and limits, data-exact execution). Of the variants
-that pass, the one the simulator times fastest on the topology at the requested size (with the runtime's FIFO
-depth) is returned; the fused one wins ties within 1% (fewer threadblocks and no cross-threadblock
-synchronisation). If none passes, nothing is returned: :class:`~synth.errors.BackendError` when the program
-does not fit the runtime (a limit, or a rule of the target), :class:`~synth.errors.VerificationError` when it is
-wrong (a bug).
+chunks merged into ``cnt > 1`` steps only as far as needed; a few wider spreads besides). The simulator times
+every variant on the topology at the requested size (with the runtime's FIFO depth), and they are judged fastest
+first (a fused one wins ties within 1%: fewer threadblocks, no cross-threadblock synchronisation): the variant is
+rendered, the *text* is parsed back with our parser and judged by :func:`backends.msccl.verdict.check_text` for
+the target, exactly as ``synth check`` judges a file (lexical rules, runtime rules and limits, data-exact
+execution). The first that passes is returned. If none passes, nothing is returned:
+:class:`~synth.errors.BackendError` when the program does not fit the runtime (a limit, or a rule of the target),
+:class:`~synth.errors.VerificationError` when it is wrong (a bug).
 
 Callers (``synth solve``, ``synth baseline -o``, the pareto bundle) write only what this returns
 (:func:`write_verified_xml`).
@@ -29,7 +29,7 @@ from synth.schedule.ir import Schedule
 
 from backends.msccl.ir import LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
 from backends.msccl.limits import LIMIT_KINDS
-from backends.msccl.fit import Fit, Lowering, fit_lowering
+from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, wider_fits
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
@@ -58,44 +58,58 @@ class EmittedXml:
 def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "executor",
                       size_bytes: int | None = None, *, proto: str = "Simple", name: str | None = None,
                       min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> EmittedXml:
-    """Lower both ways with the topology, judge each rendered text as ``synth check`` does, keep the best."""
+    """Lower both ways with the topology, fitted; judge the fastest as ``synth check`` does; return the first that
+    passes."""
     if topology is None:
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
     _check_collective_known(schedule, target)
     failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
-    passing: list[EmittedXml] = []
+    reason = hopeless(schedule, topology)
+    if reason is not None:
+        raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
     options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
+    fits: list[Fit] = []
     for fuse in (True, False):
         fit = fit_lowering(schedule, topology, target, fuse, **options)
-        label = fit.lowering.label
         _check_name(fit.program.name)
-        if not fit.fits:
-            failures.append((f"{label} lowering breaks a runtime rule: {fit.reason()}", True))
-            continue
-        emitted, failure = _judge(fit, topology, target, size_bytes)
-        if emitted is None and fit.lowering.max_cnt > 1:   # merged steps that wait too long: merge strictly
-            strict = fit_lowering(schedule, topology, target, fuse, strict_merge=True, **options)
-            if strict.fits:
-                emitted, failure = _judge(strict, topology, target, size_bytes)
-        if emitted is None:
-            failures.append(failure)
+        if fit.fits:
+            fits += wider_fits(schedule, topology, target, fit, **options)
         else:
-            passing.append(emitted)
-    if not passing:
-        if all(limit for _, limit in failures):
-            raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")
-        raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
-    best = passing[0]
-    for other in passing[1:]:   # a later (plain) variant must be clearly faster to beat the fused one
-        if other.simulated_us is not None and best.simulated_us is not None \
-                and other.simulated_us < best.simulated_us * (1 - TIE):
-            best = other
-    return best
+            failures.append((f"{fit.lowering.label} lowering breaks a runtime rule: {fit.reason()}", True))
+    timed = [(_simulated_us(fit.program, topology, size_bytes), fit) for fit in fits]
+    # fastest first; a plain variant must be clearly faster to beat a fused one (fewer tbs, no cross-tb waits)
+    timed.sort(key=lambda pair: (pair[0] * (1 - TIE) if pair[1].lowering.fuse and pair[0] is not None
+                                 else pair[0] or 0.0, not pair[1].lowering.fuse, pair[1].lowering.channels))
+    for time_us, fit in timed:
+        emitted, failure = _judge(fit, topology, target, time_us)
+        if emitted is None and fit.lowering.max_cnt > 1:   # merged steps that wait too long: merge strictly
+            strict = fit_lowering(schedule, topology, target, fit.lowering.fuse, strict_merge=True, **options)
+            if strict.fits:
+                emitted, failure = _judge(strict, topology, target,
+                                          _simulated_us(strict.program, topology, size_bytes))
+        if emitted is not None:
+            return emitted
+        failures.append(failure)
+    if all(limit for _, limit in failures):
+        raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")
+    raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
 
 
-def _judge(fit: Fit, topology: Topology, target: str, size_bytes: int | None
+def _simulated_us(program, topology: Topology, size_bytes: int | None) -> float | None:
+    """The simulator's time with the runtime's FIFO depth; None without a size, inf when it does not finish
+    (the verdict then says why)."""
+    if not size_bytes:
+        return None
+    try:
+        return simulate_program(program, topology, size_bytes).time_us
+    except VerificationError:
+        return float("inf")
+
+
+def _judge(fit: Fit, topology: Topology, target: str, time_us: float | None
            ) -> tuple[EmittedXml | None, tuple[str, bool]]:
-    """Render a fitted program, judge the text as ``synth check`` does, time it; or say why it failed."""
+    """Render a fitted program (timed at ``time_us``), judge the text as ``synth check`` does; or say why it
+    failed."""
     label = fit.lowering.label
     program = fit.program
     text = render_msccl_xml(program)
@@ -112,7 +126,6 @@ def _judge(fit: Fit, topology: Topology, target: str, size_bytes: int | None
     if parsed != [program]:   # the text says something else than the program: never written
         return None, (f"{label} lowering reads back as a different program", False)
     [parsed] = parsed
-    time_us = simulate_program(parsed, topology, size_bytes).time_us if size_bytes else None
     return EmittedXml(text, parsed, target, fit.lowering.fuse, sum(len(g.tbs) for g in parsed.gpus),
                       parsed.nchannels, time_us, lowering=fit.lowering), ("", False)
 

@@ -133,9 +133,10 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
     sources, reverse = _path_searches(name, topology, coll.root)
     _check_work(name, topology, len(sources))
     bw_us, method = bandwidth_bound_us(name, topology, size_bytes, coll.root)
-    graph = topology.graph()
-    latency_us, hops = _diameters(graph, topology.source, sources, reverse)
-    chunk_us = _chunk_path_us(graph, sources, reverse, coll.chunk_bytes(size_bytes))
+    latency_us, hops = _diameters(topology, sources, reverse)
+    links = topology.link_arrays()
+    chunk_us = _farthest(topology, sources, reverse, links.alpha_us + coll.chunk_bytes(size_bytes) /
+                         (links.capacity_GBps * BYTES_PER_US_PER_GBPS))
     limit = max(bw_us, latency_us)
     binding = "bandwidth" if bw_us >= latency_us else "latency"
     return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, limit, binding, hops, chunk_us, method)
@@ -392,27 +393,28 @@ def _path_searches(name: str, topology: Topology, root: int | None) -> tuple[tup
     return rank_orbit_reps(topology.num_ranks, topology.symmetries), False
 
 
-def _diameters(g: nx.DiGraph, source: str, sources, reverse: bool) -> tuple[float, int]:
+def _distances(topology: Topology, sources, reverse: bool, weights=None) -> np.ndarray:
+    """Shortest paths from ``sources`` (rows) to every rank under per-link ``weights`` (None: hops), on the
+    reversed graph when ``reverse``; scipy on link arrays, since a networkx graph of a million links took half a
+    gigabyte."""
+    from scipy.sparse.csgraph import dijkstra
+
+    graph = topology.sparse_graph(weights, reverse)
+    return dijkstra(graph, directed=True, indices=list(sources), unweighted=weights is None).reshape(
+        -1, topology.num_ranks)
+
+
+def _farthest(topology: Topology, sources, reverse: bool, weights) -> float:
+    """Max over the pairs the ``sources`` stand for of the shortest path under per-link ``weights``."""
+    return float(_distances(topology, sources, reverse, weights).max())
+
+
+def _diameters(topology: Topology, sources, reverse: bool) -> tuple[float, int]:
     """Max over the pairs the ``sources`` stand for of the shortest alpha path (us) and of the hop distance."""
-    view = g.reverse(copy=False) if reverse else g
-    worst_alpha, worst_hops = 0.0, 0
-    for s in sources:
-        alpha = nx.single_source_dijkstra_path_length(view, s, weight="alpha_us")
-        hops = nx.single_source_shortest_path_length(view, s)
-        missing = [d for d in view.nodes if d not in hops]
-        if missing:
-            src, dst = (missing[0], s) if reverse else (s, missing[0])
-            raise InputError(source, "links", f"rank {dst} cannot be reached from rank {src}; add links")
-        worst_alpha = max([worst_alpha] + list(alpha.values()))
-        worst_hops = max([worst_hops] + list(hops.values()))
-    return worst_alpha, worst_hops
-
-
-def _chunk_path_us(g: nx.DiGraph, sources, reverse: bool, chunk_bytes: float) -> float:
-    """Max over the pairs the ``sources`` stand for of the fastest store-and-forward path of one chunk (alpha +
-    bytes/bw per hop), us."""
-    def cost_us(u, v, d):
-        return d["alpha_us"] + chunk_bytes / (d["capacity_GBps"] * BYTES_PER_US_PER_GBPS)
-
-    view = g.reverse(copy=False) if reverse else g
-    return max(max(nx.single_source_dijkstra_path_length(view, s, weight=cost_us).values()) for s in sources)
+    hops = _distances(topology, sources, reverse)
+    if np.isinf(hops).any():
+        row, col = (int(x[0]) for x in np.nonzero(np.isinf(hops)))
+        s = list(sources)[row]
+        src, dst = (col, s) if reverse else (s, col)
+        raise InputError(topology.source, "links", f"rank {dst} cannot be reached from rank {src}; add links")
+    return _farthest(topology, sources, reverse, topology.link_arrays().alpha_us), int(hops.max())

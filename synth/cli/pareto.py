@@ -85,7 +85,7 @@ def _frontier_table(frontier) -> None:
 
 def _size_table(plan, algorithms) -> None:
     labels = {a.key: a.label for a in algorithms}
-    click.echo("\nBest algorithm per size (replayed alpha-beta time; limit from synth.bounds.physical)")
+    click.echo("\nBest algorithm per size (simulated time of its written file; limit from synth.bounds.physical)")
     click.echo(f"  {'size':>7}  {'chosen':34} {'time_us':>12} {'algbw':>8}  {'best baseline':30} {'time_us':>12} "
                f"{'speedup':>7} {'%limit':>6}")
     for c in plan.choices:

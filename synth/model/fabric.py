@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from synth.model.topology import (Fabric, Link, PortUse, Switch, SwitchPort, Topology, switch_path)
+from synth.model.topology import Fabric, Link, LinkArrays, PortUse, Switch, SwitchPort, Topology, switch_path
 
 # Latency a leaf-spine-leaf path adds to a leaf's: two more switch traversals (an InfiniBand NDR switch takes
 # about 0.2 us) and the longer cables.
@@ -95,11 +95,8 @@ class ComposedLinks(Sequence):
         g = node.num_ranks
         self.num_ranks = n = g * nodes
         self._nic_of = {r: j for j, nic in enumerate(node.nics) for r in nic.ranks}
-        by_name = {s.name: s for s in switches}
-        self._leaves = [by_name.get(f"rail{j}") for j in range(len(node.nics))]
-        self._spine = by_name.get("spine")
-        self._network = by_name.get("network")
         self._names = [{s.name: f"{s.name}@node{k}" for s in node.switches} for k in range(nodes)]
+        self._fabric_tables({s.name: s for s in switches})
 
         local = {(l.src, l.dst): i for i, l in enumerate(node.links)}
         nic_ranks = sorted(self._nic_of)
@@ -160,6 +157,13 @@ class ComposedLinks(Sequence):
     def __repr__(self) -> str:
         return f"ComposedLinks({self.node.name} x {self.nodes}, {len(self)} links)"
 
+    def reversed(self, switches: tuple[Switch, ...]) -> ComposedLinks:
+        """The links of :func:`synth.model.topology.reverse_topology` (``switches`` reversed): the node's links
+        reversed, and the fabric's, since a path through it reversed is the path the other way."""
+        from synth.model.topology import reverse_topology
+
+        return ComposedLinks(reverse_topology(self.node), self.nodes, switches, self.rails)
+
     # --- the rest of the Topology API
     def direct_links(self) -> Iterator[Link]:
         """The node's direct links, node by node (in link order)."""
@@ -171,6 +175,22 @@ class ComposedLinks(Sequence):
 
     def endpoints(self) -> tuple[np.ndarray, np.ndarray]:
         return self._keys // self.num_ranks, self._keys % self.num_ranks
+
+    def arrays(self) -> LinkArrays:
+        """Ends, latency and capacity of every link, computed on whole arrays (no Link is made)."""
+        src, dst = self.endpoints()
+        g = self.node.num_ranks
+        template = self.node.link_arrays()
+        nic_of = np.full(g, -1, dtype=np.int64)
+        for r, k in self._nic_of.items():
+            nic_of[r] = k
+        table = np.array(self._alpha_bw, dtype=float).reshape(len(self.node.nics), len(self.node.nics), 2)
+        copied = self._kinds >= 0
+        kind = np.where(copied, self._kinds, 0)
+        ka, kb = nic_of[src % g], nic_of[dst % g]
+        alpha = np.where(copied, template.alpha_us[kind] if len(template.src) else 0.0, table[ka, kb, 0])
+        capacity = np.where(copied, template.capacity_GBps[kind] if len(template.src) else 0.0, table[ka, kb, 1])
+        return LinkArrays(src, dst, alpha, capacity)
 
     def indices(self, src, dst) -> np.ndarray:
         """Positions of the links ``src -> dst`` (arrays of any shape), -1 where there is none."""
@@ -204,17 +224,40 @@ class ComposedLinks(Sequence):
             return Link(a, b, t.alpha_us, t.bw_GBps, t.lanes,
                         tuple(PortUse(names[u.switch], u.port, u.direction) for u in t.ports), t.path_type)
         ka, kb = self._nic_of[a % g], self._nic_of[b % g]
-        na, nb = a // g, b // g
+        alpha, bw = self._alpha_bw[ka][kb]
+        return Link(a, b, alpha, bw, 1, self._fabric_ports(ka, kb, a // g, b // g))
+
+    def _hops(self, by_name: dict[str, Switch], ka: int, kb: int, na: int, nb: int):
+        """The switch path (for :func:`switch_path`) from NIC ``ka`` of node ``na`` to NIC ``kb`` of node ``nb``."""
         if not self.rails:
             per_node = len(self.node.nics)
-            up, down = ((self._network, na * per_node + ka),), ((self._network, nb * per_node + kb),)
-        elif ka == kb:
-            up, down = ((self._leaves[ka], na),), ((self._leaves[kb], nb),)
-        else:
-            up = ((self._leaves[ka], na), (self._spine, ka))
-            down = ((self._spine, kb), (self._leaves[kb], nb))
-        alpha, bw, ports = switch_path(up, down)
-        return Link(a, b, alpha, bw, 1, ports)
+            net = by_name["network"]
+            return ((net, na * per_node + ka),), ((net, nb * per_node + kb),)
+        leaf_a, leaf_b = by_name[f"rail{ka}"], by_name[f"rail{kb}"]
+        if ka == kb:
+            return ((leaf_a, na),), ((leaf_b, nb),)
+        spine = by_name["spine"]
+        return ((leaf_a, na), (spine, ka)), ((spine, kb), (leaf_b, nb))
+
+    def _fabric_tables(self, by_name: dict[str, Switch]) -> None:
+        """Latency and bandwidth of the fabric path between every two NICs (the same between any two nodes: all
+        nodes' ports are alike), and the ports of every NIC, so a link through the fabric is a few lookups."""
+        nics = range(len(self.node.nics))
+        other = 1 if self.nodes > 1 else 0
+        self._alpha_bw = [[switch_path(*self._hops(by_name, ka, kb, 0, other))[:2] for kb in nics] for ka in nics]
+        self._paths = {(ka, kb, na, nb): switch_path(*self._hops(by_name, ka, kb, na, nb))[2]
+                       for ka in nics for kb in nics for na, nb in ((0, other), (other, 0))}
+
+    def _fabric_ports(self, ka: int, kb: int, na: int, nb: int) -> tuple[PortUse, ...]:
+        """The ports of the fabric path, from the tables: node 0's path to node 1 with the node numbers put in."""
+        return self._paths.get((ka, kb, na, nb)) or self._relocated(ka, kb, na, nb)
+
+    def _relocated(self, ka: int, kb: int, na: int, nb: int) -> tuple[PortUse, ...]:
+        template = self._paths[(ka, kb, 0, 1)]
+        step = 1 if self.rails else len(self.node.nics)       # a node's NIC ports are this far apart
+        first, last = template[0], template[-1]
+        return (PortUse(first.switch, first.port + na * step, first.direction),) + template[1:-1] + \
+            (PortUse(last.switch, last.port + (nb - 1) * step, last.direction),)
 
 
 class _LinkIndex(Mapping):

@@ -264,7 +264,10 @@ class SymmetryGroup:
     def link_images(self, topology: Topology) -> np.ndarray:
         """``images[g, l]``: the index of the link permutation ``g`` maps link ``l`` onto."""
         src, dst = topology.link_endpoints()
-        return topology.link_indices(self.perms[:, src], self.perms[:, dst]).reshape(self.order, len(src))
+        images = np.empty((self.order, len(src)), dtype=np.int64)
+        for g, perm in enumerate(self.perms):      # a row at a time: 256 x 65,280 links of a 32-node cluster
+            images[g] = topology.link_indices(perm[src], perm[dst])
+        return images
 
     def link_orbit_reps(self, topology: Topology) -> np.ndarray:
         """The smallest link index in every link's orbit (one entry per link)."""
@@ -272,28 +275,25 @@ class SymmetryGroup:
         return images.min(axis=0) if images.size else np.zeros(0, dtype=np.int64)
 
     def port_orbit_reps(self, topology: Topology) -> dict[PortUse, PortUse]:
-        """Representative of every switch port direction: the smallest ``(switch, port)`` of the same switch its
-        first rank's images sit on, with the same direction."""
-        from synth.model.topology import Direction, PortUse
-
-        port_of_rank = {}
-        for sw in topology.switches:
-            for pi, port in enumerate(sw.ports):
-                for r in port.ranks:
-                    port_of_rank[(sw.name, r)] = pi
-        reps = {}
-        perms = self.permutations()
-        for sw in topology.switches:
-            for pi, port in enumerate(sw.ports):
-                r = port.ranks[0]
-                images = []
-                for p in perms:
-                    q = port_of_rank.get((sw.name, p[r]))
-                    images.append((sw.name, q) if q is not None else (sw.name, pi))
-                best = min(images)
-                for d in Direction:
-                    reps[PortUse(sw.name, pi, d)] = PortUse(*best, d)
-        return reps
+        """Representative of every switch port direction a link uses: the smallest (in sorted order) of its
+        images, where permutation ``g`` maps the k-th port of link ``l`` onto the k-th port of link ``g(l)``. So
+        the NVSwitch ports of every node, the NIC ports of every node and a rail's leaf and spine ports fall in
+        one orbit each, and a model keeps one capacity row per orbit."""
+        per_link = [link.ports for link in topology.links]      # one pass: a cluster's links are made on demand
+        ports = sorted({use for uses in per_link for use in uses})
+        if not ports:
+            return {}
+        port_id = {use: i for i, use in enumerate(ports)}
+        by_link = np.full((len(per_link), max(map(len, per_link))), -1, dtype=np.int64)  # port id per (link, k)
+        for li, uses in enumerate(per_link):
+            by_link[li, :len(uses)] = [port_id[use] for use in uses]
+        best = by_link.copy()
+        for image in self.link_images(topology):
+            np.minimum(best, by_link[image], out=best)
+        rep = np.arange(len(ports))
+        used = by_link >= 0
+        rep[by_link[used]] = best[used]
+        return {use: ports[int(rep[i])] for i, use in enumerate(ports)}
 
     def resource_orbit_reps(self, topology: Topology, per_link_keys: Sequence[Sequence]) -> dict:
         """Representative of every resource a link occupies (``per_link_keys[l]``: the link itself, then its

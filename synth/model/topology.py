@@ -145,6 +145,17 @@ class Nic:
 
 
 @dataclass(frozen=True)
+class LinkArrays:
+    """A topology's links as parallel numpy arrays: ``src``, ``dst`` (int64 ranks), ``alpha_us`` and
+    ``capacity_GBps`` (all lanes), in link order."""
+
+    src: object
+    dst: object
+    alpha_us: object
+    capacity_GBps: object
+
+
+@dataclass(frozen=True)
 class Topology:
     """A machine (one or more nodes) as the synthesizer sees it.
 
@@ -167,6 +178,7 @@ class Topology:
     source: str = "<memory>"
     sms_per_gpu: int | None = None
     link_index: dict = field(default=None, compare=False, repr=False)
+    _arrays: LinkArrays | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         if isinstance(self.links, tuple):
@@ -185,12 +197,28 @@ class Topology:
 
     def link_endpoints(self):
         """``(src, dst)``: int64 numpy arrays of every link's ends, in link order."""
+        arrays = self.link_arrays()
+        return arrays.src, arrays.dst
+
+    def link_arrays(self) -> LinkArrays:
+        """Every link's ends, latency and capacity as numpy arrays (in link order), without making the links of
+        a composed cluster one by one."""
         import numpy as np
 
+        if self._arrays is not None:
+            return self._arrays
         if not isinstance(self.links, tuple):
-            return self.links.endpoints()
-        return (np.fromiter((l.src for l in self.links), np.int64, len(self.links)),
-                np.fromiter((l.dst for l in self.links), np.int64, len(self.links)))
+            arrays = self.links.arrays()
+        else:
+            count = len(self.links)
+            arrays = LinkArrays(np.fromiter((l.src for l in self.links), np.int64, count),
+                                np.fromiter((l.dst for l in self.links), np.int64, count),
+                                np.fromiter((l.alpha_us for l in self.links), float, count),
+                                np.fromiter((l.capacity_GBps for l in self.links), float, count))
+        for a in (arrays.src, arrays.dst, arrays.alpha_us, arrays.capacity_GBps):
+            a.setflags(write=False)
+        object.__setattr__(self, "_arrays", arrays)
+        return arrays
 
     def link_indices(self, src, dst):
         """Positions of the links ``src[k] -> dst[k]`` (numpy arrays of ranks, any shape); -1 where none."""
@@ -234,16 +262,27 @@ class Topology:
                 caps[PortUse(sw.name, p, Direction.INGRESS)] = port.ingress_GBps
         return caps
 
+    def sparse_graph(self, weights=None, reverse: bool = False):
+        """The rank graph as a scipy CSR matrix for ``scipy.sparse.csgraph``: entry ``[src, dst]`` is ``weights``
+        of the link (an array in link order; default 1) from ``src`` to ``dst`` (``[dst, src]`` when
+        ``reverse``). Zero weights stay edges. Made from :meth:`link_arrays`, so a composed cluster's million
+        links never become objects."""
+        import numpy as np
+        from scipy.sparse import csr_matrix
+
+        links = self.link_arrays()
+        _, first = np.unique(links.src * self.num_ranks + links.dst, return_index=True)  # the first of duplicates
+        data = np.ones(len(first)) if weights is None else np.asarray(weights, dtype=float)[first]
+        src, dst = (links.dst[first], links.src[first]) if reverse else (links.src[first], links.dst[first])
+        return csr_matrix((data, (src, dst)), shape=(self.num_ranks, self.num_ranks))
+
     def hop_distances(self) -> list[list[int]]:
         """All-pairs hop distance (``num_ranks`` means unreachable)."""
-        n = self.num_ranks
-        dist = [[n] * n for _ in range(n)]
-        import networkx as nx
+        import numpy as np
+        from scipy.sparse.csgraph import shortest_path
 
-        for src, lengths in nx.all_pairs_shortest_path_length(self.graph()):
-            for dst, d in lengths.items():
-                dist[src][dst] = d
-        return dist
+        dist = shortest_path(self.sparse_graph(), directed=True, unweighted=True)
+        return np.where(np.isinf(dist), self.num_ranks, dist).astype(int).tolist()
 
     def to_dict(self) -> dict:
         """The JSON form (links through switches are implied by the switches and not listed)."""
@@ -621,11 +660,12 @@ def compose_nodes(topo: Topology, nodes: int, fabric: Fabric | str = Fabric.SWIT
 
 def check_connected(topo: Topology) -> None:
     """Raise InputError unless every rank can reach every other rank."""
-    g = topo.graph()
-    import networkx as nx
+    from scipy.sparse.csgraph import connected_components
 
-    if topo.num_ranks > 1 and not nx.is_strongly_connected(g):
-        comps = sorted((sorted(c) for c in nx.strongly_connected_components(g)), key=len)
+    count, labels = connected_components(topo.sparse_graph(), directed=True, connection="strong")
+    if count > 1:
+        comps = sorted(([r for r in range(topo.num_ranks) if labels[r] == c] for c in range(count)),
+                       key=lambda ranks: (len(ranks), ranks))
         raise InputError(topo.source, "links", f"the topology is disconnected: ranks {comps[0]} cannot reach "
                          "or be reached from the others; add links")
 
@@ -643,10 +683,13 @@ def reverse_topology(topo: Topology) -> Topology:
     Reductions are solved as the time reversal of a broadcast-type schedule on this graph, so they run on the
     original links.
     """
-    links = tuple(sorted((Link(l.dst, l.src, l.alpha_us, l.bw_GBps, l.lanes, tuple(reversed_port(u) for u in
-                                                                                   reversed(l.ports)), l.path_type)
-                          for l in topo.links), key=lambda l: (l.src, l.dst)))
-    switches = tuple(Switch(s.name, s.alpha_us, tuple(SwitchPort(p.ranks, p.ingress_GBps, p.egress_GBps)
+    switches = tuple(Switch(s.name, s.alpha_us, tuple(SwitchPort(p.ranks, p.ingress_GBps, p.egress_GBps, p.switch)
                                                       for p in s.ports)) for s in topo.switches)
+    if isinstance(topo.links, tuple):
+        links = tuple(sorted((Link(l.dst, l.src, l.alpha_us, l.bw_GBps, l.lanes,
+                                   tuple(reversed_port(u) for u in reversed(l.ports)), l.path_type)
+                              for l in topo.links), key=lambda l: (l.src, l.dst)))
+    else:
+        links = topo.links.reversed(switches)
     return Topology(f"{topo.name}-reversed", topo.num_ranks, topo.gpus_per_node, links, switches, topo.nics,
-                    topo.symmetries, topo.description, topo.source)
+                    topo.symmetries, topo.description, topo.source, topo.sms_per_gpu)

@@ -259,17 +259,18 @@ def buffer_layout(schedule: Schedule) -> BufferLayout:
     coll = schedule.collective
     slot = {}
     scratch = [0] * coll.num_ranks
-    by_id = {c.id: c for c in coll.chunks}
-    touched = sorted({(t.dst, t.chunk) for t in schedule.transfers} | {(t.src, t.chunk) for t in schedule.transfers})
+    outputs = {c.id: dict(c.destinations) for c in coll.chunks}   # one dict per chunk, not one per lookup
+    inputs = {c.id: dict(c.initial) for c in coll.chunks}
+    received = {(t.dst, t.chunk) for t in schedule.transfers}
+    touched = sorted(received | {(t.src, t.chunk) for t in schedule.transfers})
     for rank, cid in touched:
-        chunk = by_id[cid]
-        out = chunk.output_index(rank)
-        inp = chunk.input_index(rank)
+        out = outputs[cid].get(rank)
+        inp = inputs[cid].get(rank)
         if out is not None:
             slot[(rank, cid)] = ("o", out)
         elif inp is not None and not coll.combining:
             slot[(rank, cid)] = ("i", inp)
-        elif inp is not None and not any(t.dst == rank and t.chunk == cid for t in schedule.transfers):
+        elif inp is not None and (rank, cid) not in received:
             slot[(rank, cid)] = ("i", inp)
         else:
             slot[(rank, cid)] = ("s", scratch[rank])

@@ -2,9 +2,11 @@
 
 :func:`plan_bundle` picks the fastest algorithm per size (:mod:`synth.sweep.sizes`), tiles the size range and
 lowers each range's algorithm to MSCCL XML through :func:`backends.msccl.writer.emit_verified_xml` (lowered with
-the topology, read back and judged as ``synth check`` judges a file, timed). An algorithm that cannot be
-emitted is excluded (with the reason) and the choice is made again without it, so every file in the bundle has
-been executed.
+the topology, read back and judged as ``synth check`` judges a file, timed). "Fastest" is the simulator's time
+of the algorithm's written file (:class:`SimulatedTimes`: the runtime's FIFO depth and switch-port sharing;
+DESIGN section 6), and that is the time the bundle reports; the replay stays as each timing's ``plan_us``. An
+algorithm that cannot be emitted is excluded (with the reason) and the choice is made again without it, so
+every file in the bundle has been executed.
 
 Layout of an output directory (written by :func:`write_bundle`; every file atomically)::
 
@@ -18,6 +20,7 @@ The README stays outside ``msccl/`` because the runtime tries to load every file
 from __future__ import annotations
 
 import json
+import math
 import platform
 import re
 from dataclasses import dataclass
@@ -26,7 +29,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from backends.msccl.ir import safe_name
+from backends.msccl.ir import MscclProgram
 from backends.msccl.selection import size_range_attributes
+from backends.msccl.simulate import simulate_program
 from backends.msccl.writer import emit_verified_xml
 from synth import __version__
 from synth.errors import BackendError, VerificationError
@@ -72,26 +77,67 @@ class BundlePlan:
     excluded: tuple[tuple[str, str], ...]
 
 
+class SimulatedTimes:
+    """The per-size timer of the bundle: an algorithm is written once, when first timed
+    (:func:`emit_verified_xml` at :meth:`written_at`, which also picks its lowering), and its program is
+    simulated at every size asked (microseconds, cached). An algorithm the runtime refuses times as infinite and
+    is in :attr:`refused` with the reason."""
+
+    def __init__(self, topology: Topology, target: str, proto: str, reference_bytes: int):
+        self.topology = topology
+        self.target = target
+        self.proto = proto
+        self.reference_bytes = reference_bytes
+        self.refused: dict[str, str] = {}
+        self._programs: dict[str, MscclProgram] = {}
+        self._times: dict[tuple[str, int], float] = {}
+
+    def written_at(self, algorithm: Algorithm) -> int:
+        """The size the algorithm's file is written (and its lowering chosen) at: its own, else the reference."""
+        return algorithm.tuned_bytes or self.reference_bytes
+
+    def __call__(self, algorithm: Algorithm, topology: Topology, size_bytes: int) -> float:
+        key = algorithm.key
+        if key in self.refused:
+            return math.inf
+        if key not in self._programs:
+            try:
+                emitted = emit_verified_xml(algorithm.schedule, self.topology, self.target, self.written_at(algorithm),
+                                            proto=self.proto)
+            except (BackendError, VerificationError) as exc:
+                self.refused[key] = str(exc)
+                return math.inf
+            self._programs[key] = emitted.program
+        if (key, size_bytes) not in self._times:
+            self._times[(key, size_bytes)] = simulate_program(self._programs[key], topology, size_bytes).time_us
+        return self._times[(key, size_bytes)]
+
+
 def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tuple[int, ...], low: int, high: int,
                 target: str = "executor", proto: str = "Simple",
                 limit_us: Callable[[int], float | None] = lambda size: None) -> BundlePlan:
-    """Choose per size, tile ``low..high``, emit one XML per range (excluding algorithms that fail to emit).
+    """Choose per size by simulated time, tile ``low..high``, emit one XML per range (excluding algorithms that
+    fail to emit, and choosing again without them).
 
     Each file's ``minBytes``/``maxBytes`` select exactly its range in the target runtime's terms (legacy's top is
     exclusive), and the top file has no upper limit (executor ``maxBytes="0"``, legacy the largest int64)."""
     algorithms = list(algorithms)
+    simulated = SimulatedTimes(topology, target, proto, max(sizes))
     excluded: dict[str, str] = {}
     while True:
         usable = [a for a in algorithms if a.key not in excluded]
-        choices = choose_per_size(usable, topology, sizes, limit_us)
-        ranges = tile_ranges(choices, usable, topology, low, high)
+        choices = choose_per_size(usable, topology, sizes, limit_us, time_us=simulated)
+        if any(key not in excluded for key in simulated.refused):
+            excluded.update(simulated.refused)
+            continue
+        ranges = tile_ranges(choices, usable, topology, low, high, time_us=simulated)
         by_key = {a.key: a for a in usable}
         files, failed = [], None
         for i, r in enumerate(ranges):
             alg = by_key[r.key]
             coll = alg.schedule.collective
             name = safe_name(f"synth-{coll.name}-{r.key}-{r.min_bytes}-{r.max_bytes}")
-            at = min(max(r.min_bytes, min(sizes)), r.max_bytes)
+            at = simulated.written_at(alg)     # the lowering its times were simulated with
             top = i == len(ranges) - 1
             min_attr, max_attr = size_range_attributes(target, r.min_bytes, None if top else r.max_bytes)
             try:
@@ -197,8 +243,9 @@ def frontier_document(frontier: Frontier, topology: Topology, stage: str, plan: 
     if plan is not None:
         doc["sizes"] = [{"size_bytes": c.size_bytes, "chosen": c.chosen, "best_baseline": c.best_baseline,
                          "limit_us": c.limit_us,
-                         "timings": [{"key": t.key, "time_us": t.time_us, "algbw_GBps": t.algbw_GBps,
-                                      "busbw_GBps": t.busbw_GBps, "runnable": t.runnable} for t in c.timings]}
+                         "timings": [{"key": t.key, "time_us": t.time_us, "plan_time_us": t.plan_us,
+                                      "simulated": t.timed, "algbw_GBps": t.algbw_GBps, "busbw_GBps": t.busbw_GBps,
+                                      "runnable": t.runnable} for t in c.timings]}
                         for c in plan.choices]
         doc["bundle"] = [{"file": f"{BUNDLE_DIR}/{f.file_name}", "key": f.key, "min_bytes": f.min_bytes,
                           "max_bytes": f.max_bytes, "unbounded": f.unbounded, "maxBytes": f.max_bytes_attribute,

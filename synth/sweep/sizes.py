@@ -2,15 +2,17 @@
 
 Candidates are :class:`Algorithm` objects (a Schedule with a key): points of the step frontier, alpha-beta
 schedules, NCCL-style baselines. Each candidate is verified once by :func:`synth.schedule.replay.verify` (links,
-capacity and postcondition re-derived from the transfers; none of that depends on the size) and replayed at
-every size of a grid (alpha-beta time in microseconds, :func:`synth.schedule.replay.replay_time`); the fastest one the
-MSCCL runtime would actually run at that size wins. The runtime runs an algorithm only when the element count
+capacity and postcondition re-derived from the transfers; none of that depends on the size) and timed at every
+size of a grid by a timer (microseconds): the bundle's is the simulated time of the algorithm's written MSCCL
+file (:class:`synth.sweep.bundle.SimulatedTimes`, DESIGN section 6: the simulator is the arbiter), the default
+here the replay (:func:`synth.schedule.replay.replay_time`), which every timing also keeps as the plan's own time;
+the fastest one the MSCCL runtime would actually run at that size wins. The runtime runs an algorithm only when the element count
 of nccl-tests' buffer is a multiple of ``nchunksperloop`` (DESIGN section 7), so an algorithm with 6 chunks per
 rank never runs at power-of-two sizes and is never chosen there.
 
 :func:`tile_ranges` turns the per-size winners into inclusive byte ranges ``[min_bytes, max_bytes]`` that cover
 the requested range with no gap and no overlap; between two grid sizes with different winners the boundary is
-the crossover of their replayed times (bisection on bytes). Sizes are nccl-tests' (DESIGN section 4).
+the crossover of their times (bisection on bytes). Sizes are nccl-tests' (DESIGN section 4).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from typing import Callable, Iterable
 
 from synth.text_enum import TextEnum
 from synth.errors import InputError
-from synth.schedule.replay import ReplayReport, replay_time, verify
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.schedule.replay import replay_time, verify
 from synth.schedule.ir import Schedule
 from synth.model.topology import Topology
 from synth.units import parse_size
@@ -60,14 +63,20 @@ class Algorithm:
 
 @dataclass(frozen=True)
 class Timing:
-    """One algorithm at one size: replayed time (us), algorithm/bus bandwidth (GB/s), and whether the MSCCL
-    runtime would run it at this size."""
+    """One algorithm at one size: its time (us) and algorithm/bus bandwidth (GB/s) at that time, whether the
+    MSCCL runtime would run it at this size, and the schedule's replayed time ``plan_us`` (us).
+
+    With a timer other than the replay (the bundle's: simulated), ``timed`` says whether the timer ran: an
+    algorithm whose replay is already no faster than a timed one that wins is not timed, and its ``time_us`` is
+    its replay (the simulated time is never below it)."""
 
     key: str
     time_us: float
     algbw_GBps: float
     busbw_GBps: float
     runnable: bool
+    plan_us: float | None = None
+    timed: bool = True
 
 
 @dataclass(frozen=True)
@@ -132,38 +141,56 @@ def runnable(algorithm: Algorithm, size_bytes: int, dtype_bytes: int = DTYPE_BYT
     return size_bytes % dtype_bytes == 0 and (size_bytes // dtype_bytes) % algorithm.nchunksperloop == 0
 
 
-def _time(algorithm: Algorithm, topology: Topology, size_bytes: float) -> ReplayReport:
-    """Alpha-beta replay time only (the schedule's correctness does not depend on the size: see choose)."""
-    return replay_time(algorithm.schedule, topology, size_bytes)
+def replay_us(algorithm: Algorithm, topology: Topology, size_bytes: float) -> float:
+    """Alpha-beta replay time (us) only (the schedule's correctness does not depend on the size: see choose)."""
+    return replay_time(algorithm.schedule, topology, size_bytes).time_us
+
+
+Timer = Callable[[Algorithm, Topology, int], float]   # (algorithm, topology, size in bytes) -> time in us
 
 
 def choose_per_size(algorithms: Iterable[Algorithm], topology: Topology, sizes: Iterable[int],
                     limit_us: Callable[[int], float | None] = lambda size: None,
-                    dtype_bytes: int = DTYPE_BYTES) -> tuple[SizeChoice, ...]:
+                    dtype_bytes: int = DTYPE_BYTES, time_us: Timer = replay_us) -> tuple[SizeChoice, ...]:
     """Verify every algorithm once (links, capacity, postcondition: :func:`synth.schedule.replay.verify`, which raises
-    VerificationError), time it at every size, and pick the fastest runnable one per size (ties: steps,
-    alpha-beta, then baselines, then key order)."""
+    VerificationError), time it at every size with ``time_us`` (default: the replay), and pick the fastest
+    runnable one per size (ties: steps, alpha-beta, then baselines, then key order).
+
+    Per size, algorithms are timed in order of their replay, and one is left untimed (:attr:`Timing.timed`) when
+    its replay is no faster than the best timed runnable algorithm (it cannot win) and, for a baseline, than the
+    best timed baseline: the timer (a simulation) is never below the replay."""
     algorithms = sorted(algorithms, key=lambda a: (_KIND_ORDER[a.kind], a.key))
     sizes = list(sizes)
     for alg in algorithms:
         verify(alg.schedule, topology, sizes[0] if sizes else 1 << 20)
     choices = []
     for size in sizes:
-        timings = []
-        for alg in algorithms:
-            rep = _time(alg, topology, size)
-            timings.append(Timing(alg.key, rep.time_us, rep.algbw_GBps, rep.busbw_GBps,
-                                  runnable(alg, size, dtype_bytes)))
+        plan = [replay_time(alg.schedule, topology, size).time_us for alg in algorithms]
+        timings: list[Timing | None] = [None] * len(algorithms)
+        best_run = best_base = float("inf")
+        for k in sorted(range(len(algorithms)), key=lambda k: plan[k]):
+            alg = algorithms[k]
+            can_run = runnable(alg, size, dtype_bytes)
+            timed = time_us is replay_us or (can_run and plan[k] < best_run) or (
+                alg.kind == BASELINE and plan[k] < best_base)
+            t = (plan[k] if time_us is replay_us else time_us(alg, topology, size)) if timed else plan[k]
+            if timed and can_run:
+                best_run = min(best_run, t)
+            if timed and alg.kind == BASELINE:
+                best_base = min(best_base, t)
+            algbw = size / (t * BYTES_PER_US_PER_GBPS) if t > 0 else float("inf")
+            timings[k] = Timing(alg.key, t, algbw, algbw * alg.schedule.collective.busbw_factor(), can_run, plan[k],
+                                timed)
         ok = [t for t in timings if t.runnable]
         chosen = min(ok, key=lambda t: t.time_us).key if ok else None
         base = [t for t, a in zip(timings, algorithms) if a.kind == BASELINE]
-        best_base = min(base, key=lambda t: t.time_us).key if base else None
-        choices.append(SizeChoice(size, tuple(timings), chosen, best_base, limit_us(size)))
+        best_base_key = min(base, key=lambda t: t.time_us).key if base else None
+        choices.append(SizeChoice(size, tuple(timings), chosen, best_base_key, limit_us(size)))
     return tuple(choices)
 
 
 def tile_ranges(choices: tuple[SizeChoice, ...], algorithms: Iterable[Algorithm], topology: Topology,
-                low: int, high: int) -> tuple[SizeRange, ...]:
+                low: int, high: int, time_us: Timer = replay_us) -> tuple[SizeRange, ...]:
     """Inclusive byte ranges, one per run of equal winners, covering ``low..high`` exactly.
 
     Sizes whose grid point has no winner belong to no range (NCCL's own algorithm runs there).
@@ -179,7 +206,7 @@ def tile_ranges(choices: tuple[SizeChoice, ...], algorithms: Iterable[Algorithm]
             continue
         else:
             start = _crossover(by_key.get(prev.chosen), by_key.get(choice.chosen), topology,
-                               prev.size_bytes, choice.size_bytes)
+                               prev.size_bytes, choice.size_bytes, time_us)
             if ranges and ranges[-1].key == prev.chosen:
                 ranges[-1] = SizeRange(prev.chosen, ranges[-1].min_bytes, start - 1)
         if choice.chosen is not None:
@@ -188,7 +215,8 @@ def tile_ranges(choices: tuple[SizeChoice, ...], algorithms: Iterable[Algorithm]
     return tuple(r for r in ranges if r.min_bytes <= r.max_bytes)
 
 
-def _crossover(left: Algorithm | None, right: Algorithm | None, topology: Topology, lo: int, hi: int) -> int:
+def _crossover(left: Algorithm | None, right: Algorithm | None, topology: Topology, lo: int, hi: int,
+               time_us: Timer) -> int:
     """The smallest size in (lo, hi] from which ``right`` is at least as fast as ``left`` (bisection on bytes);
     ``hi`` when either side is no algorithm."""
     if left is None or right is None:
@@ -196,7 +224,7 @@ def _crossover(left: Algorithm | None, right: Algorithm | None, topology: Topolo
     a, b = lo, hi      # invariant: left faster at a, right at least as fast at b
     while b - a > 1:
         mid = (a + b) // 2
-        if _time(right, topology, mid).time_us <= _time(left, topology, mid).time_us:
+        if time_us(right, topology, mid) <= time_us(left, topology, mid):
             b = mid
         else:
             a = mid

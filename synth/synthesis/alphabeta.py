@@ -73,11 +73,18 @@ TIMEXP_ROUTED_SHARE = 0.3       # of the time limit, for the routed MILP that pr
 
 @dataclass(frozen=True)
 class Candidate:
-    """One verified schedule and where it came from."""
+    """One verified schedule and where it came from: ``time_us`` its replay, ``runtime_us`` (when known) its
+    list-scheduled time with the runtime's FIFO depth, which decides (more pieces are more messages, and a
+    connection holds two at a time)."""
 
     label: str
     schedule: Schedule
     time_us: float
+    runtime_us: float | None = None
+
+    @property
+    def rank_us(self) -> float:
+        return self.time_us if self.runtime_us is None else max(self.time_us, self.runtime_us)
 
 
 @dataclass(frozen=True)
@@ -344,10 +351,10 @@ def _direct(topology: Topology, coll: Collective, sketch: Sketch | None, search:
     if exact_chunks is not None:
         candidates = [c for c in candidates if c.schedule.collective.chunks_per_rank == exact_chunks]
     runnable = [c for c in candidates if c.schedule.collective.runs_at_power_of_two_sizes]
-    best = min(runnable or candidates, key=lambda c: c.time_us)
+    best = min(runnable or candidates, key=lambda c: c.rank_us)
     best_load = min(route_loads(problem, r)[0] for _, r in route_sets)
     notes["winner"] = best.label
-    notes["candidates_us"] = {c.label: round(c.time_us, 3) for c in sorted(candidates, key=lambda c: c.time_us)}
+    notes["candidates_us"] = {c.label: round(c.rank_us, 3) for c in sorted(candidates, key=lambda c: c.rank_us)}
     notes["bandwidth_floor_us"] = floor
     notes["best_load_us"] = best_load
     if not best.label.startswith(("routed", "timexp")) and status == OPTIMAL:
@@ -435,7 +442,8 @@ def _evaluate(problem: AlphaBetaProblem, route_sets, booked: tuple[_Booked, ...]
             coll = split_collective(problem.collective, k) if k > 1 else problem.collective
             sched = list_schedule(topo, coll, _piece_routes(routes, k), size_bytes, f"alpha-beta:{method}",
                                   own_first=own_first, notes={"routes": label, "pieces": k})
-            out.append(Candidate(f"{label} x{k}", sched, verify(sched, topo, size_bytes).time_us))
+            out.append(Candidate(f"{label} x{k}", sched, verify(sched, topo, size_bytes).time_us,
+                                 max(t.end_us for t in sched.transfers)))
     for b in booked:
         for k in (piece_options if b.splittable else [1]):
             s = cut_into_pieces(b.schedule, k) if k > 1 else b.schedule

@@ -15,19 +15,23 @@ SyCCL-style):
 A chunk of Allgather that starts on ``(n, i)`` follows the rail tree of rail ``i`` from node ``n``, and every GPU
 it reaches on that rail spreads it through its node with the node tree of local origin ``i``. ReduceScatter
 collects along the same tree reversed (node first, then rail), Allreduce collects into the chunk's owner and
-spreads from there. Alltoall goes PXN-style: from ``(n, i)`` to
-``(m, j)`` first over the node to ``(n, j)``, then over rail ``j`` (or rail first, then node).
+spreads from there. Where the node ports, not the NICs, bind (two nodes of an NVSwitch machine), some pieces
+also go NIC to NIC onto another rail (:func:`cross_pieces`) so both finish together. Alltoall goes PXN-style:
+from ``(n, i)`` to ``(m, j)`` first over the node to ``(n, j)``, then over rail ``j`` (or rail first, then
+node), in Latin-square rounds that give every NIC one block per round (:meth:`HierarchyRoutes.explicit`).
 
 **Pipelining.** Each rank's data is cut into ``C`` chunks (pieces); the transfers are ordered by a
-first-come-first-served alpha-beta replay at the request's size (:func:`synth.synthesis.baselines.plans.order_plans`),
-so the node phase of one piece overlaps the rail phase of the next, and rail edges go first among transfers
-ready together (the NICs are the scarce resource). ``C`` is chosen from the size and from the runtime's
-budget of steps per threadblock (:func:`piece_options`): the busiest connection carries about ``K * C``
-messages.
+first-come-first-served alpha-beta replay at the request's size
+(:func:`synth.synthesis.baselines.plans.order_plans`), so the node phase of one piece overlaps the rail phase
+of the next, and rail edges go first among transfers ready together (the NICs are the scarce resource). ``C``
+is chosen from the size and from the runtime's budget of steps per threadblock (:func:`piece_options`): the
+busiest connection carries about ``K * C`` messages, so a GPU needs only ``G - 1`` node peers and its rail
+peers, and the program fits the runtime at scale.
 
-The composed :class:`~synth.schedule.ir.Schedule` is replayed (:func:`synth.schedule.replay.verify`) like any
-other candidate; ``synth solve`` then writes it through the verified writer and the simulator decides.
-"""
+The compositions are independent and may run on an executor (a process pool or Dask,
+:func:`synthesize_hierarchy`). Each composed :class:`~synth.schedule.ir.Schedule` is replayed
+(:func:`synth.schedule.replay.verify`) like any other candidate; ``synth solve`` then writes it through the
+verified writer and the simulator decides."""
 
 from __future__ import annotations
 
@@ -36,26 +40,26 @@ from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Callable
 
+from backends.msccl.limits import MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
-from synth.schedule.ir import Schedule, Transfer
+from synth.schedule.ir import Schedule, Transfer, collective_size
 from synth.schedule.replay import ReplayReport, verify
 from synth.solver.deadline import UNBOUNDED, Deadline
 from synth.synthesis.baselines.plans import Edge, Routes, check_links, order_plans, plan_collective
 from synth.text_enum import TextEnum
 
 COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
-# Steps a threadblock may hold (the executor's default build), and the channels a connection may be spread
-# over without running out of the GPU's SMs: the busiest connection's messages must fit both.
-STEPS_PER_TB = {"executor": 64, "legacy": 256}
+# Channels a connection may be spread over without running out of the GPU's SMs: the busiest connection's
+# messages must fit this many threadblocks of the target's steps (backends.msccl.limits.max_steps).
 SPREAD_CHANNELS = 4
 # Transfers a composed program may hold beyond one piece per rank: writing and checking it costs one to two
 # milliseconds per transfer today, so more pieces than this are not worth their last percent.
 MAX_TRANSFERS = 1 << 15
-# A piece's trip (one rail hop and one node hop, store-and-forward) should cost at most this share of the
-# collective's bandwidth time; more pieces only add messages.
+# The last piece's spread through its node (the pipeline's tail) should cost at most this share of the
+# collective's pipelined time; more pieces only add messages.
 PIPELINE_SHARE = 0.02
 MAX_PIECES = 32
 
@@ -323,7 +327,7 @@ def volumes(topology: Topology, collective: str, size_bytes: float) -> Volumes:
     cross = [topology.link(i, g + i).capacity_GBps for i in range(g)]
     inside = [topology.link(u, v).capacity_GBps for u in range(g) for v in range(g)
               if u != v and topology.link(u, v) is not None]
-    shard = make_collective(name, topology.num_ranks, 1).chunk_bytes(size_bytes)   # one rank's part, or a pair's
+    shard = size_bytes / topology.num_ranks   # one rank's part (a pair's block for Alltoall), DESIGN section 4
     rail, node = k - 1, (g - 1) * k
     if name == "alltoall":
         rail, node = (k - 1) * g, (g - 1) * k
@@ -344,14 +348,14 @@ def piece_options(topology: Topology, collective: str, size_bytes: float, target
     load = volumes(topology, name, size_bytes)
 
     def fits(c: int) -> bool:
-        coll = make_collective(name, topology.num_ranks, c)
+        chunks, _ = collective_size(name, topology.num_ranks, c)
         hops = 2 if name == "alltoall" else topology.num_ranks - 1
-        transfers = len(coll.chunks) * hops * (2 if name == "allreduce" else 1)
-        return (2 * connection_messages(topology, name, c) <= STEPS_PER_TB[target] * SPREAD_CHANNELS
+        transfers = chunks * hops * (2 if name == "allreduce" else 1)
+        return (2 * connection_messages(topology, name, c) <= max_steps(target) * SPREAD_CHANNELS
                 and transfers <= MAX_TRANSFERS and c <= MAX_PIECES)
 
     def tail_us(c: int) -> float:
-        piece = make_collective(name, topology.num_ranks, c).chunk_bytes(size_bytes)
+        piece = size_bytes / (topology.num_ranks * c)
         return (g - 1) * piece / load.node_GBps / BYTES_PER_US_PER_GBPS
 
     c = 1
@@ -386,6 +390,10 @@ def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, targ
     if name == "alltoall":
         return [HierarchyPlan(RailShape.DIRECT, c, order) for order in AlltoallOrder for c in counts]
     shapes = list(RailShape) if topology.num_nodes > 2 else [RailShape.DIRECT]   # on two nodes they agree
+    if topology.num_nodes - 1 + topology.gpus_per_node - 1 > MAX_TBS_PER_CHANNEL_DIRECTION:
+        # a direct rail sends to every other node: with the node's peers that is more sending threadblocks than
+        # one channel holds (32 on 32 nodes of 8 GPUs: 38), and the writer's fused fallback simulates at 59%
+        shapes = [RailShape.RING]
     plans = [HierarchyPlan(shape, c) for shape in shapes for c in counts]
     trees = node_trees(topology)
     return plans + [HierarchyPlan(RailShape.DIRECT, c, cross=x) for c in counts
@@ -420,7 +428,19 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
         if deadline.expired and k < len(plans):
             progress(f"  time limit reached: {len(plans) - k} composition(s) not tried")
             break
-    return sorted(out, key=lambda c: c.report.time_us)
+    return worth_writing(out)
+
+
+def worth_writing(candidates: list[HierarchyCandidate]) -> list[HierarchyCandidate]:
+    """The candidates, fastest first, without those whose extra transfers buy less than :data:`PIPELINE_SHARE`
+    over a candidate with fewer (writing and checking a program costs time per transfer: on ndv2 x 8 at 1 MB,
+    8 pieces per rank replay 1.1% faster than one, with 8 times the transfers)."""
+    kept = []
+    for c in sorted(candidates, key=lambda c: len(c.schedule.transfers)):
+        if all(c.report.time_us < k.report.time_us * (1 - PIPELINE_SHARE) for k in kept
+               if len(k.schedule.transfers) < len(c.schedule.transfers)):
+            kept.append(c)
+    return sorted(kept, key=lambda c: c.report.time_us)
 
 
 def _compose_and_replay(topology: Topology, collective: str, plan: HierarchyPlan, size_bytes: float,

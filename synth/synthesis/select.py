@@ -23,9 +23,10 @@ from synth.synthesis.steps import SynthesisResult, smallest_steps, steps_multipl
 # a sketch) the alpha-beta formulations and tree packing reach the limit faster (benchmarks/bench_alphabeta.py).
 STEP_SEARCH_MAX_RANKS = 16
 # Where the hierarchical decomposition applies, `auto` also runs the flat searches (alpha-beta, tree packing) on
-# machines of up to this many ranks; beyond, they take minutes and their programs do not fit the runtime
-# (benchmarks/bench_hierarchy.py).
-FLAT_SEARCH_MAX_RANKS = 16
+# machines of up to this many ranks; beyond, they take minutes and do no better: on 2 x dgx-h100 the routed
+# MILP returned the hierarchical baseline (96.4% of the limit) after 66 s, the hierarchy reaches 98.3% in
+# seconds; from 4 nodes on their programs do not fit the runtime (benchmarks/bench_hierarchy.py).
+FLAT_SEARCH_MAX_RANKS = 8
 
 Progress = Callable[[str], None]
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 from backends.msccl.lowering import DEFAULT_MAX_BYTES
 from backends.msccl.writer import EmittedXml, check_target_knows, emit_verified_xml
-from synth.errors import BackendError, InputError
+from synth.errors import BackendError, InputError, VerificationError
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.solver.highs import Status
 from synth.formulations.steps import encode_steps
@@ -139,6 +139,7 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     time_limited = request.search_deadline.expired
     written: list[WrittenCandidate] = []
     refusals: list[str] = []
+    broken: list[str] = []          # candidates whose lowering failed its own check (a bug; never written)
     pending = list(candidates)
     while pending:
         best = min((w.simulated_us for w in written if eligible(w)), default=math.inf)
@@ -170,17 +171,23 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
             refusals.append(f"{candidate.label}: {exc}")
             progress(f"  {candidate.label} cannot be written: {exc}")
             continue
+        except VerificationError as exc:    # a bug of the lowering: that file is never written, the others compete
+            broken.append(f"{candidate.label}: {exc}")
+            progress(f"  {candidate.label} failed its verification and is skipped (please report): {exc}")
+            continue
         progress(f"  {candidate.label}: plan {candidate.report.time_us:.2f} us, simulated "
                  f"{emitted.simulated_us:.2f} us")
         written.append(WrittenCandidate(candidate, emitted))
     if not any(eligible(w) for w in written):
+        if broken:
+            raise VerificationError("no candidate could be written: " + "; ".join(broken + refusals))
         raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
     chosen = min((w for w in written if eligible(w)), key=lambda w: w.simulated_us)
     base = min((w for w in written if is_baseline(w.candidate)), key=lambda w: w.simulated_us,
                default=None)
     comparison = compare_with_limits(request, chosen.simulated_us, None if base is None else
                                      (base.candidate.label.removeprefix("baseline/"), base.simulated_us))
-    return Solution(request, tuple(candidates), chosen, base, comparison, tuple(refusals), time_limited)
+    return Solution(request, tuple(candidates), chosen, base, comparison, tuple(refusals + broken), time_limited)
 
 
 # The ``--json`` status of a plan found when the time limit cut the search (the plan's own status is kept as
