@@ -73,6 +73,8 @@ _TB_REQUIRED = ("id", "send", "recv", "chan")
 _STEP_REQUIRED = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
 _REQUIRED = {"algo": _ALGO_REQUIRED, "gpu": _GPU_REQUIRED, "tb": _TB_REQUIRED, "step": _STEP_REQUIRED}
 _ATTRIBUTES = {**_REQUIRED, "algo": _ALGO_REQUIRED + _ALGO_OPTIONAL}
+_KNOWN = {tag: frozenset(attrs) for tag, attrs in _ATTRIBUTES.items()}
+_STEP_INTS = ("s", "srcoff", "dstoff", "depid", "deps", "hasdep")
 _PARENT = {"algo": "root", "gpu": "algo", "tb": "gpu", "step": "tb"}
 
 
@@ -227,6 +229,9 @@ class _Handler(ContentHandler):
         self._tbs = 0
         self._steps = 0
         self._chunks = 0
+        self._ints: dict[str, int] = {}   # attribute text already matched as an integer -> its value
+        self._converters = {"algo": self._algo_values, "gpu": self._gpu_values, "tb": self._tb_values,
+                            "step": self._step_values}
 
     # --- position and notes -------------------------------------------------------------------------------
     def line(self) -> int:
@@ -297,22 +302,23 @@ class _Handler(ContentHandler):
     # --- element builders ---------------------------------------------------------------------------------
     def _attributes(self, tag: str, raw: dict, line: int) -> dict:
         """Check presence and types of an element's attributes; return them converted."""
-        known = _ATTRIBUTES[tag]
-        for attr in raw:
-            if attr not in known:
-                self._note(tag, attr, line)
+        known = _KNOWN[tag]
+        if not known.issuperset(raw):
+            for attr in raw:
+                if attr not in known:
+                    self._note(tag, attr, line)
         missing = [a for a in _REQUIRED[tag] if a not in raw]
         if missing:
             self._fail(f"<{tag}> lacks required attribute{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
-        converter = {"algo": self._algo_values, "gpu": self._gpu_values, "tb": self._tb_values,
-                     "step": self._step_values}[tag]
-        return converter(tag, raw)
+        return self._converters[tag](tag, raw)
 
     def _int(self, tag: str, raw: dict, attr: str, low: int = INT32_MIN, high: int = INT32_MAX) -> int:
         text = raw[attr]
-        if not _INT_RE.fullmatch(text):
-            self._fail(f"<{tag}> attribute {attr}={_show(text)} is not an integer")
-        value = int(text)
+        value = self._ints.get(text)
+        if value is None:   # files repeat a few small integers: match each spelling once
+            if not _INT_RE.fullmatch(text):
+                self._fail(f"<{tag}> attribute {attr}={_show(text)} is not an integer")
+            value = self._ints[text] = int(text)
         if not low <= value <= high:
             self._fail(f"<{tag}> attribute {attr}={value} is out of range {low}..{high}")
         return value
@@ -356,8 +362,9 @@ class _Handler(ContentHandler):
         for attr in ("srcbuf", "dstbuf"):
             if raw[attr] not in BUFFERS:
                 self._fail(f"<step> {attr}={_show(raw[attr])} is unknown; use one of {', '.join(BUFFERS)}")
-        values = {a: self._int(tag, raw, a) for a in ("s", "srcoff", "dstoff", "depid", "deps", "hasdep")}
-        values["cnt"] = self._int(tag, raw, "cnt", INT32_MIN, MAX_CHUNKS)
+        to_int = self._int
+        values = {a: to_int(tag, raw, a) for a in _STEP_INTS}
+        values["cnt"] = to_int(tag, raw, "cnt", INT32_MIN, MAX_CHUNKS)
         values.update(type=raw["type"], srcbuf=raw["srcbuf"], dstbuf=raw["dstbuf"])
         return values
 
