@@ -540,10 +540,21 @@ def _outputs(program: MscclProgram, run: RunOutcome) -> dict:
     """(rank, output index) -> Counter for every output slot of the run's layout."""
     outputs = {}
     per_gpu = MAX_CHECKED_SLOTS // max(1, program.ngpus)
+    layout = run.layout
     for gpu, memory in enumerate(run.memory):
-        for k in range(min(run.layout.sizes[gpu]["o"], per_gpu)):
-            outputs[(gpu, k)] = Counter(memory.get(run.layout.key(gpu, "o", k), _EMPTY))
+        base = layout.offsets[gpu][1] if layout.inplace else 0   # BufferLayout.key of o[k], for all k at once
+        get = memory.get
+        for k in range(min(layout.sizes[gpu]["o"], per_gpu)):
+            outputs[(gpu, k)] = _counter(get(("o", base + k), _EMPTY))
     return outputs
+
+
+def _counter(multiset: dict) -> Counter:
+    """``Counter(multiset)`` for a plain dict of counts: the same object, without Counter's per-call type
+    checks (one is built per output slot)."""
+    out = Counter.__new__(Counter)
+    dict.update(out, multiset)
+    return out
 
 
 def _check_postcondition(coll: Collective | None, run: RunOutcome, outputs: dict):
@@ -570,7 +581,7 @@ def _mismatches(coll: Collective, run: RunOutcome, outputs: dict) -> list[Findin
         key = run.layout.key(rank, "o", k)
         got = outputs.get((rank, k))
         if got is None:
-            got = Counter(run.memory[rank].get(key, _EMPTY) if rank < len(run.memory) else _EMPTY)
+            got = _counter(run.memory[rank].get(key, _EMPTY) if rank < len(run.memory) else _EMPTY)
         if dict.__eq__(got, want):
             continue
         writer = run.last_writer.get((rank, key))
