@@ -729,7 +729,7 @@ class _Machine:
         tb = self.ix.tbs[t]
         steps, receives, sends, dep_tb = tb.steps, tb.receives, tb.sends, tb.dep_tb
         n = len(steps)
-        pc, phase = self.pc, self.phase
+        pc, phase, payload = self.pc, self.phase, self.payload
         while pc[t] < n:
             k = pc[t]
             step = steps[k]
@@ -741,11 +741,16 @@ class _Machine:
                     msg = self._take(t, tb.in_conn)
                     if msg is None:
                         return
-                self.payload[t] = self._apply(t, k, step, msg)
+                payload[t] = self._apply(t, k, step, msg)
                 phase[t] = 1
             if sends[k] and not self._put(t, tb.out_conn, k):
                 return
-            self._finish(t, k, step)
+            if step.hasdep:
+                self._publish(t, k)
+            payload[t] = None
+            phase[t] = 0
+            pc[t] = k + 1
+            self.executed += 1
 
     def _dependency_met(self, t: int, u: int | None, deps: int) -> bool:
         if u is None:
@@ -794,18 +799,14 @@ class _Machine:
             return False
         return True
 
-    def _finish(self, t: int, k: int, step: Step) -> None:
-        if step.hasdep:
-            self.published[t].append(k)
-            if self.track_races and (t, k) in self.ix.flag_steps:
-                self.published_vc[t][k] = self.clock[t].copy()
-            waiters, self.dep_waiters[t] = self.dep_waiters[t], []
-            for u in waiters:
-                self._wake(u)
-        self.payload[t] = None
-        self.phase[t] = 0
-        self.pc[t] = k + 1
-        self.executed += 1
+    def _publish(self, t: int, k: int) -> None:
+        """Step ``k`` of tb ``t`` (hasdep) is done: its flag releases the tbs waiting on it."""
+        self.published[t].append(k)
+        if self.track_races and (t, k) in self.ix.flag_steps:
+            self.published_vc[t][k] = self.clock[t].copy()
+        waiters, self.dep_waiters[t] = self.dep_waiters[t], []
+        for u in waiters:
+            self._wake(u)
 
     # ------------------------------------------------------------------ data
 
