@@ -578,12 +578,13 @@ def _check_postcondition(coll: Collective | None, run: RunOutcome, outputs: dict
 def _mismatches(coll: Collective, run: RunOutcome, outputs: dict) -> list[Finding]:
     findings = []
     for (rank, k), want in sorted(coll.expected_outputs().items()):
-        key = run.layout.key(rank, "o", k)
         got = outputs.get((rank, k))
         if got is None:
-            got = _counter(run.memory[rank].get(key, _EMPTY) if rank < len(run.memory) else _EMPTY)
+            slot = run.layout.key(rank, "o", k)
+            got = _counter(run.memory[rank].get(slot, _EMPTY) if rank < len(run.memory) else _EMPTY)
         if dict.__eq__(got, want):
             continue
+        key = run.layout.key(rank, "o", k)
         writer = run.last_writer.get((rank, key))
         findings.append(Finding("postcondition", _describe_mismatch(coll, rank, k, got, want, writer), gpu=rank))
     return findings
