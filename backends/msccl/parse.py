@@ -74,6 +74,7 @@ _STEP_REQUIRED = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "d
 _REQUIRED = {"algo": _ALGO_REQUIRED, "gpu": _GPU_REQUIRED, "tb": _TB_REQUIRED, "step": _STEP_REQUIRED}
 _ATTRIBUTES = {**_REQUIRED, "algo": _ALGO_REQUIRED + _ALGO_OPTIONAL}
 _KNOWN = {tag: frozenset(attrs) for tag, attrs in _ATTRIBUTES.items()}
+_KNOWN_REQUIRED = {tag: frozenset(attrs) for tag, attrs in _REQUIRED.items()}
 _PARENT = {"algo": "root", "gpu": "algo", "tb": "gpu", "step": "tb"}
 
 
@@ -308,8 +309,8 @@ class _Handler(ContentHandler):
             for attr in raw:
                 if attr not in known:
                     self._note(tag, attr, line)
-        missing = [a for a in _REQUIRED[tag] if a not in raw]
-        if missing:
+        if not _KNOWN_REQUIRED[tag].issubset(raw):
+            missing = [a for a in _REQUIRED[tag] if a not in raw]
             self._fail(f"<{tag}> lacks required attribute{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
         if tag == "step":
             return self._step_values(tag, raw, line)
