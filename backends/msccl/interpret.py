@@ -67,6 +67,8 @@ import bisect
 from collections import Counter, deque
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import cached_property
+from typing import NamedTuple
 
 import numpy as np
 
@@ -130,7 +132,11 @@ class ProgramIndex:
     connections: tuple[Connection, ...]
     findings: tuple[Finding, ...]
     tb_at: dict = field(repr=False, compare=False)    # (gpu, tb id) -> index in tbs
-    flag_steps: frozenset = field(repr=False, compare=False, default=frozenset())  # (tb, step) some dep waits for
+
+    @cached_property
+    def flag_steps(self) -> frozenset:
+        """(tb, step) pairs some dependency waits for; only the race analysis needs them, so built on demand."""
+        return _flag_steps(self.tbs)
 
     def ref(self, t: int, step: int) -> Ref:
         tb = self.tbs[t]
@@ -209,7 +215,7 @@ def index_program(program: MscclProgram) -> ProgramIndex:
                 snd = False
             receives.append(rec)
             sends.append(snd)
-            deps.append(_dependency_target(step, gpu.id, tb.id, k, tb_index, findings))
+            deps.append(None if step.depid < 0 else _dependency_target(step, gpu.id, tb.id, k, tb_index, findings))
         tbs.append(TbInfo(t, gpu.id, tb.id, tb.send, tb.recv, tb.chan, tuple(tb.steps), out_c, in_c,
                           tuple(receives), tuple(sends), tuple(deps)))
 
@@ -217,7 +223,7 @@ def index_program(program: MscclProgram) -> ProgramIndex:
     for (src, dst, chan), c in sorted(conn_keys.items(), key=lambda kv: kv[1]):
         connections.append(Connection(c, src, dst, chan, senders.get(c), receivers.get(c)))
     findings += _unpaired_connections(connections, tbs)
-    return ProgramIndex(program, tuple(tbs), tuple(connections), tuple(findings), tb_index, _flag_steps(tbs))
+    return ProgramIndex(program, tuple(tbs), tuple(connections), tuple(findings), tb_index)
 
 
 def _flag_steps(tbs: list[TbInfo]) -> frozenset:
@@ -534,10 +540,21 @@ def _outputs(program: MscclProgram, run: RunOutcome) -> dict:
     """(rank, output index) -> Counter for every output slot of the run's layout."""
     outputs = {}
     per_gpu = MAX_CHECKED_SLOTS // max(1, program.ngpus)
+    layout = run.layout
     for gpu, memory in enumerate(run.memory):
-        for k in range(min(run.layout.sizes[gpu]["o"], per_gpu)):
-            outputs[(gpu, k)] = Counter(memory.get(run.layout.key(gpu, "o", k), _EMPTY))
+        base = layout.offsets[gpu][1] if layout.inplace else 0   # BufferLayout.key of o[k], for all k at once
+        get = memory.get
+        for k in range(min(layout.sizes[gpu]["o"], per_gpu)):
+            outputs[(gpu, k)] = _counter(get(("o", base + k), _EMPTY))
     return outputs
+
+
+def _counter(multiset: dict) -> Counter:
+    """``Counter(multiset)`` for a plain dict of counts: the same object, without Counter's per-call type
+    checks (one is built per output slot)."""
+    out = Counter.__new__(Counter)
+    dict.update(out, multiset)
+    return out
 
 
 def _check_postcondition(coll: Collective | None, run: RunOutcome, outputs: dict):
@@ -561,12 +578,13 @@ def _check_postcondition(coll: Collective | None, run: RunOutcome, outputs: dict
 def _mismatches(coll: Collective, run: RunOutcome, outputs: dict) -> list[Finding]:
     findings = []
     for (rank, k), want in sorted(coll.expected_outputs().items()):
-        key = run.layout.key(rank, "o", k)
         got = outputs.get((rank, k))
         if got is None:
-            got = Counter(run.memory[rank].get(key, _EMPTY) if rank < len(run.memory) else _EMPTY)
+            slot = run.layout.key(rank, "o", k)
+            got = _counter(run.memory[rank].get(slot, _EMPTY) if rank < len(run.memory) else _EMPTY)
         if dict.__eq__(got, want):
             continue
+        key = run.layout.key(rank, "o", k)
         writer = run.last_writer.get((rank, key))
         findings.append(Finding("postcondition", _describe_mismatch(coll, rank, k, got, want, writer), gpu=rank))
     return findings
@@ -636,10 +654,11 @@ def _add(a: dict, b: dict) -> dict:
     return out
 
 
-@dataclass(frozen=True)
-class _Message:
-    data: tuple          # cnt multisets (dicts)
-    vc: np.ndarray       # sender's vector clock when it sent
+class _Message(NamedTuple):
+    """A message in flight (a NamedTuple: one is built per send, and a frozen dataclass costs 3x as much)."""
+
+    data: tuple             # cnt multisets (dicts)
+    vc: np.ndarray | None   # sender's vector clock when it sent (None without race analysis)
     ref: Ref
 
 
@@ -709,23 +728,30 @@ class _Machine:
 
     def _advance(self, t: int) -> None:
         tb = self.ix.tbs[t]
-        steps = tb.steps
-        while self.pc[t] < len(steps):
-            k = self.pc[t]
+        steps, receives, sends, dep_tb = tb.steps, tb.receives, tb.sends, tb.dep_tb
+        n = len(steps)
+        pc, phase, payload = self.pc, self.phase, self.payload
+        while pc[t] < n:
+            k = pc[t]
             step = steps[k]
-            if self.phase[t] == 0:
-                if not self._dependency_met(t, tb.dep_tb[k], step.deps):
+            if phase[t] == 0:
+                if dep_tb[k] is not None and not self._dependency_met(t, dep_tb[k], step.deps):
                     return
                 msg = None
-                if tb.receives[k]:
+                if receives[k]:
                     msg = self._take(t, tb.in_conn)
                     if msg is None:
                         return
-                self.payload[t] = self._apply(t, k, step, msg)
-                self.phase[t] = 1
-            if tb.sends[k] and not self._put(t, tb.out_conn, k):
+                payload[t] = self._apply(t, k, step, msg)
+                phase[t] = 1
+            if sends[k] and not self._put(t, tb.out_conn, k):
                 return
-            self._finish(t, k, step)
+            if step.hasdep:
+                self._publish(t, k)
+            payload[t] = None
+            phase[t] = 0
+            pc[t] = k + 1
+            self.executed += 1
 
     def _dependency_met(self, t: int, u: int | None, deps: int) -> bool:
         if u is None:
@@ -761,7 +787,9 @@ class _Machine:
                 self.room_waiter[c] = t
                 self.blocked[t] = ("room", c)
                 return False
-            self.queues[c].append(_Message(self.payload[t], self.clock[t].copy(), self.ix.ref(t, k)))
+            tb = self.ix.tbs[t]
+            vc = self.clock[t].copy() if self.track_races else None
+            self.queues[c].append(_Message(self.payload[t], vc, (tb.gpu, tb.id, k)))
             self.sent[c] += 1
             self.phase[t] = 2
             waiter, self.data_waiter[c] = self.data_waiter[c], None
@@ -772,35 +800,33 @@ class _Machine:
             return False
         return True
 
-    def _finish(self, t: int, k: int, step: Step) -> None:
-        if step.hasdep:
-            self.published[t].append(k)
-            if self.track_races and (t, k) in self.ix.flag_steps:
-                self.published_vc[t][k] = self.clock[t].copy()
-            waiters, self.dep_waiters[t] = self.dep_waiters[t], []
-            for u in waiters:
-                self._wake(u)
-        self.payload[t] = None
-        self.phase[t] = 0
-        self.pc[t] = k + 1
-        self.executed += 1
+    def _publish(self, t: int, k: int) -> None:
+        """Step ``k`` of tb ``t`` (hasdep) is done: its flag releases the tbs waiting on it."""
+        self.published[t].append(k)
+        if self.track_races and (t, k) in self.ix.flag_steps:
+            self.published_vc[t][k] = self.clock[t].copy()
+        waiters, self.dep_waiters[t] = self.dep_waiters[t], []
+        for u in waiters:
+            self._wake(u)
 
     # ------------------------------------------------------------------ data
 
     def _apply(self, t: int, k: int, step: Step, msg: _Message | None) -> tuple | None:
         """Do the step's local reads and writes; return the data it sends (None if it sends nothing)."""
-        tb = self.ix.tbs[t]
         if self.track_races:
             self.clock[t][t] = k + 1
-        if step.type == "nop" or step.type not in STEP_TYPES:
+        kind = STEP_TYPES.get(step.type)
+        if kind is None or step.type == "nop":
             return None
-        rec, _snd, red, writes = STEP_TYPES[step.type]
-        cnt = max(step.cnt, 0)
+        rec, _snd, red, writes = kind
+        tb = self.ix.tbs[t]
         ref = (tb.gpu, tb.id, k)
-        if step.cnt < 1:
+        cnt = step.cnt
+        if cnt < 1:
             self.findings.append(Finding("count", f"cnt {step.cnt} moves no chunk; cnt must be 1..{MAX_CNT}",
                                          gpu=tb.gpu,
                                          tb=tb.id, step=k, line=step.line))
+            cnt = 0
         if rec:
             value = self._received(msg, cnt, ref, step)
             if red:
@@ -816,17 +842,20 @@ class _Machine:
     def _received(self, msg: _Message | None, cnt: int, ref: Ref, step: Step) -> list:
         if msg is None:  # the receive part was dropped (no receive peer): nothing arrives
             return [_EMPTY] * cnt
-        if len(msg.data) != cnt:
-            s = msg.ref
-            self.findings.append(Finding("count", f"{step.type} step receives cnt {cnt}, but the matching send (gpu "
-                                         f"{s[0]} tb {s[1]} step {s[2]}) has cnt {len(msg.data)}", gpu=ref[0],
-                                         tb=ref[1], step=ref[2], line=step.line))
-        data = list(msg.data[:cnt])
+        data = msg.data
+        if len(data) == cnt:
+            return list(data)
+        s = msg.ref
+        self.findings.append(Finding("count", f"{step.type} step receives cnt {cnt}, but the matching send (gpu "
+                                     f"{s[0]} tb {s[1]} step {s[2]}) has cnt {len(data)}", gpu=ref[0],
+                                     tb=ref[1], step=ref[2], line=step.line))
+        data = list(data[:cnt])
         return data + [_EMPTY] * (cnt - len(data))
 
     def _slots(self, t: int, ref: Ref, buf: str, off: int, cnt: int, step: Step, verb: str) -> list | None:
         gpu = ref[0]
-        size = self.layout.sizes[gpu].get(buf) if 0 <= gpu < len(self.layout.sizes) else None
+        layout = self.layout
+        size = layout.sizes[gpu].get(buf) if 0 <= gpu < len(layout.sizes) else None
         if size is None:
             self.findings.append(Finding("out-of-range", f"{verb} unknown buffer {buf!r}", gpu=gpu, tb=ref[1],
                                          step=ref[2], line=step.line))
@@ -835,26 +864,34 @@ class _Machine:
             self.findings.append(Finding("out-of-range", f"{verb} {buf}[{off}:{off + cnt}], but {buf} has {size} "
                                          f"chunk(s) on gpu {gpu}", gpu=gpu, tb=ref[1], step=ref[2], line=step.line))
             return None
-        return [self.layout.key(gpu, buf, off + j) for j in range(cnt)]
+        if layout.inplace and (buf == "i" or buf == "o"):   # BufferLayout.key, for a run of slots
+            base = off + layout.offsets[gpu][0 if buf == "i" else 1]
+            return [("o", base + j) for j in range(cnt)]
+        return [(buf, off + j) for j in range(cnt)]
 
     def _read(self, t: int, ref: Ref, buf: str, off: int, cnt: int, step: Step) -> list:
         keys = self._slots(t, ref, buf, off, cnt, step, "reads")
         if keys is None:
             return [_EMPTY] * cnt
-        memory = self.memory[ref[0]]
-        for j, key in enumerate(keys):
-            self._access(t, ref, key, False, buf, off + j)
-        return [memory.get(key, _EMPTY) for key in keys]
+        if self.track_races:
+            for j, key in enumerate(keys):
+                self._access(t, ref, key, False, buf, off + j)
+        get = self.memory[ref[0]].get
+        return [get(key, _EMPTY) for key in keys]
 
     def _write(self, t: int, ref: Ref, buf: str, off: int, value: list, step: Step) -> None:
         keys = self._slots(t, ref, buf, off, len(value), step, "writes")
         if keys is None:
             return
-        memory = self.memory[ref[0]]
+        gpu = ref[0]
+        memory = self.memory[gpu]
+        last_writer = self.last_writer
+        track = self.track_races
         for j, (key, v) in enumerate(zip(keys, value)):
-            self._access(t, ref, key, True, buf, off + j)
+            if track:
+                self._access(t, ref, key, True, buf, off + j)
             memory[key] = v
-            self.last_writer[(ref[0], key)] = ref
+            last_writer[(gpu, key)] = ref
 
     # ------------------------------------------------------------------ races
 

@@ -135,16 +135,21 @@ def buffer_limits(p: MscclProgram, gpu: Gpu) -> dict:
     one buffer; each starts at the collective's in-place offset inside it.
     """
     real = conventions.buffer_chunks(p.collective, p.nchunksperloop, p.ngpus)
-    limits = {"i": (gpu.i_chunks, real and real.input, 0, False), "o": (gpu.o_chunks, real and real.output, 0, False),
-              "s": (gpu.s_chunks, None, 0, False)}
+    limits = {"i": (gpu.i_chunks, real and _whole(real.input), 0, False),
+              "o": (gpu.o_chunks, real and _whole(real.output), 0, False), "s": (gpu.s_chunks, None, 0, False)}
     if p.inplace != 1:
         return limits
     unified_declared = max(gpu.i_chunks, gpu.o_chunks)
-    unified_real = None if real is None else real.size
+    unified_real = None if real is None else _whole(real.size)
     shift_i, shift_o = conventions.inplace_offsets(p.collective, gpu.id, p.nchunksperloop, p.ngpus)
-    limits["i"] = (unified_declared, unified_real, shift_i, True)
-    limits["o"] = (unified_declared, unified_real, shift_o, True)
+    limits["i"] = (unified_declared, unified_real, _whole(shift_i), True)
+    limits["o"] = (unified_declared, unified_real, _whole(shift_o), True)
     return limits
+
+
+def _whole(value: Fraction) -> Fraction | int:
+    """A whole Fraction as an int: the same comparisons, without Fraction arithmetic on every step."""
+    return int(value) if value.denominator == 1 else value
 
 
 def buffer_findings(step: Step, limits: dict, where: dict) -> list[Finding]:

@@ -24,6 +24,7 @@ runtimes that reject or misrun the file because of it. How severe a finding is d
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
 from dataclasses import replace
 from math import gcd
@@ -123,7 +124,8 @@ def lint_text(text: str, source: str = "") -> list[Finding]:
     if stripped.startswith("<?xml"):
         findings.append(Finding("lexical", "the file starts with an <?xml ...?> prolog, which the MSCCL lexers "
                                 "do not understand; remove it", line=_line_at(text, len(text) - len(stripped))))
-    tab_lines = [number for number, line in enumerate(text.split("\n"), 1) if "\t" in line]
+    tab_lines = ([number for number, line in enumerate(text.split("\n"), 1) if "\t" in line]
+                 if "\t" in text else [])
     if tab_lines:
         findings.append(Finding("lexical", f"tab characters on {len(tab_lines)} line(s), first at line "
                                 f"{tab_lines[0]}; indent with spaces", line=tab_lines[0]))
@@ -396,6 +398,9 @@ def _dependency_findings(tbs_by_id: dict, signals: dict, step: Step, where: dict
 
 # --- lexical helpers --------------------------------------------------------------------------------------
 
+_NAME_END = re.compile(r"[\s/>]")
+
+
 def _start_tags(text: str):
     """Yield (tag, attribute text, line) of every start tag, skipping comments, with a linear scan."""
     pos, line, n = 0, 1, len(text)
@@ -412,7 +417,8 @@ def _start_tags(text: str):
             stop = n if end < 0 else end + 1
             inner = text[lt + 1:stop - 1 if end >= 0 else n]
             if inner[:1].isalpha() or inner[:1] == "_":
-                name_end = next((i for i, ch in enumerate(inner) if ch.isspace() or ch in "/>"), len(inner))
+                end_of_name = _NAME_END.search(inner)   # \s is str.isspace() for str patterns
+                name_end = end_of_name.start() if end_of_name else len(inner)
                 yield inner[:name_end], inner[name_end:].rstrip("/"), line
         line += text.count("\n", lt, stop)
         pos = stop

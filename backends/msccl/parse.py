@@ -73,6 +73,8 @@ _TB_REQUIRED = ("id", "send", "recv", "chan")
 _STEP_REQUIRED = ("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
 _REQUIRED = {"algo": _ALGO_REQUIRED, "gpu": _GPU_REQUIRED, "tb": _TB_REQUIRED, "step": _STEP_REQUIRED}
 _ATTRIBUTES = {**_REQUIRED, "algo": _ALGO_REQUIRED + _ALGO_OPTIONAL}
+_KNOWN = {tag: frozenset(attrs) for tag, attrs in _ATTRIBUTES.items()}
+_KNOWN_REQUIRED = {tag: frozenset(attrs) for tag, attrs in _REQUIRED.items()}
 _PARENT = {"algo": "root", "gpu": "algo", "tb": "gpu", "step": "tb"}
 
 
@@ -227,6 +229,8 @@ class _Handler(ContentHandler):
         self._tbs = 0
         self._steps = 0
         self._chunks = 0
+        self._ints: dict[str, int] = {}   # attribute text already matched as an integer -> its value
+        self._converters = {"algo": self._algo_values, "gpu": self._gpu_values, "tb": self._tb_values}
 
     # --- position and notes -------------------------------------------------------------------------------
     def line(self) -> int:
@@ -273,10 +277,13 @@ class _Handler(ContentHandler):
             where = "at top level" if parent.kind == "root" else f"inside <{parent.tag}> (line {parent.line})"
             wanted = "at top level" if _PARENT[name] == "root" else f"inside <{_PARENT[name]}>"
             self._fail(f"<{name}> must be {wanted}, not {where}")
-        values = self._attributes(name, dict(attrs.items()), line)
-        if name == "step":
+        if name == "step":   # most elements: built straight into a Step, no attribute dict kept
+            step = self._attributes(name, dict(attrs.items()), line)
             self._count_step()
-            parent.children.append(self._step(values, line))
+            parent.children.append(step)
+            self._stack.append(_Frame(name, name, line))
+            return
+        values = self._attributes(name, dict(attrs.items()), line)
         self._stack.append(_Frame(name, name, line, values))
 
     def endElement(self, name):
@@ -295,24 +302,27 @@ class _Handler(ContentHandler):
             self.programs.append(self._program(frame))
 
     # --- element builders ---------------------------------------------------------------------------------
-    def _attributes(self, tag: str, raw: dict, line: int) -> dict:
-        """Check presence and types of an element's attributes; return them converted."""
-        known = _ATTRIBUTES[tag]
-        for attr in raw:
-            if attr not in known:
-                self._note(tag, attr, line)
-        missing = [a for a in _REQUIRED[tag] if a not in raw]
-        if missing:
+    def _attributes(self, tag: str, raw: dict, line: int) -> dict | Step:
+        """Check presence and types of an element's attributes; return them converted (a step as its Step)."""
+        known = _KNOWN[tag]
+        if not known.issuperset(raw):
+            for attr in raw:
+                if attr not in known:
+                    self._note(tag, attr, line)
+        if not _KNOWN_REQUIRED[tag].issubset(raw):
+            missing = [a for a in _REQUIRED[tag] if a not in raw]
             self._fail(f"<{tag}> lacks required attribute{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
-        converter = {"algo": self._algo_values, "gpu": self._gpu_values, "tb": self._tb_values,
-                     "step": self._step_values}[tag]
-        return converter(tag, raw)
+        if tag == "step":
+            return self._step_values(tag, raw, line)
+        return self._converters[tag](tag, raw)
 
     def _int(self, tag: str, raw: dict, attr: str, low: int = INT32_MIN, high: int = INT32_MAX) -> int:
         text = raw[attr]
-        if not _INT_RE.fullmatch(text):
-            self._fail(f"<{tag}> attribute {attr}={_show(text)} is not an integer")
-        value = int(text)
+        value = self._ints.get(text)
+        if value is None:   # files repeat a few small integers: match each spelling once
+            if not _INT_RE.fullmatch(text):
+                self._fail(f"<{tag}> attribute {attr}={_show(text)} is not an integer")
+            value = self._ints[text] = int(text)
         if not low <= value <= high:
             self._fail(f"<{tag}> attribute {attr}={value} is out of range {low}..{high}")
         return value
@@ -350,26 +360,22 @@ class _Handler(ContentHandler):
             self._fail(f"more than {MAX_TBS} threadblocks in one file")
         return {a: self._int(tag, raw, a) for a in _TB_REQUIRED}
 
-    def _step_values(self, tag: str, raw: dict) -> dict:
+    def _step_values(self, tag: str, raw: dict, line: int) -> Step:
         if raw["type"] not in STEP_TYPES:
             self._fail(f"<step> type={_show(raw['type'])} is unknown; use one of {', '.join(STEP_TYPES)}")
         for attr in ("srcbuf", "dstbuf"):
             if raw[attr] not in BUFFERS:
                 self._fail(f"<step> {attr}={_show(raw[attr])} is unknown; use one of {', '.join(BUFFERS)}")
-        values = {a: self._int(tag, raw, a) for a in ("s", "srcoff", "dstoff", "depid", "deps", "hasdep")}
-        values["cnt"] = self._int(tag, raw, "cnt", INT32_MIN, MAX_CHUNKS)
-        values.update(type=raw["type"], srcbuf=raw["srcbuf"], dstbuf=raw["dstbuf"])
-        return values
+        to_int = self._int
+        s, srcoff, dstoff = to_int(tag, raw, "s"), to_int(tag, raw, "srcoff"), to_int(tag, raw, "dstoff")
+        depid, deps, hasdep = to_int(tag, raw, "depid"), to_int(tag, raw, "deps"), to_int(tag, raw, "hasdep")
+        cnt = to_int(tag, raw, "cnt", INT32_MIN, MAX_CHUNKS)
+        return Step(s, raw["type"], raw["srcbuf"], srcoff, raw["dstbuf"], dstoff, cnt, depid, deps, hasdep, line)
 
     def _count_step(self) -> None:
         self._steps += 1
         if self._steps > MAX_STEPS:
             self._fail(f"more than {MAX_STEPS} steps in one file")
-
-    @staticmethod
-    def _step(v: dict, line: int) -> Step:
-        return Step(v["s"], v["type"], v["srcbuf"], v["srcoff"], v["dstbuf"], v["dstoff"], v["cnt"],
-                    v["depid"], v["deps"], v["hasdep"], line)
 
     @staticmethod
     def _program(frame: _Frame) -> MscclProgram:

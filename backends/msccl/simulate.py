@@ -28,6 +28,7 @@ import bisect
 import heapq
 import json
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,6 +56,65 @@ class TraceEvent:
     start_us: float
     dur_us: float
     args: dict = field(default_factory=dict, compare=False)
+
+
+class TraceEvents(Sequence):
+    """The trace events of one run, in the order they happened, built on first use.
+
+    Most callers (the verified writer, candidate selection) want only the time; formatting one named event
+    per step and per transfer was a third of the simulation. Reads, compares, hashes and pickles as the
+    tuple of :class:`TraceEvent` it stands for.
+    """
+
+    def __init__(self, records: list, tbs: tuple, topology: Topology):
+        self._records = records     # ("tb", t, step k, start, dur) / ("link", t, k, link, start, dur, bytes, arrival)
+        self._tbs = tbs
+        self._topology = topology
+        self._events: tuple[TraceEvent, ...] | None = None
+
+    def _all(self) -> tuple[TraceEvent, ...]:
+        if self._events is None:
+            self._events = tuple(self._build())
+            self._records = self._tbs = self._topology = None
+        return self._events
+
+    def _build(self):
+        num_ranks, links = self._topology.num_ranks, self._topology.links
+        for record in self._records:
+            tb = self._tbs[record[1]]
+            k = record[2]
+            if record[0] == "tb":
+                step = tb.steps[k]
+                yield TraceEvent(f"{step.type} {step.srcbuf}[{step.srcoff}]->{step.dstbuf}[{step.dstoff}] "
+                                 f"x{step.cnt}", "tb", tb.gpu, tb.id, record[3], record[4], {"step": k})
+            else:
+                _, _, _, link, start, dur, nbytes, arrival = record
+                l = links[link]
+                yield TraceEvent(f"gpu {tb.gpu} tb {tb.id} step {k}", "link", num_ranks, link, start, dur,
+                                 {"bytes": nbytes, "arrival_us": arrival, "src": l.src, "dst": l.dst})
+
+    def __getitem__(self, i):
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all()) if self._events is not None else len(self._records)
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, (tuple, TraceEvents)):
+            return self._all() == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+    def __reduce__(self):
+        return (tuple, (self._all(),))
 
 
 @dataclass(frozen=True)
@@ -86,7 +146,7 @@ class SimulationReport:
     reduce_us_per_byte: float
     steps: int
     link_busy: tuple[LinkBusy, ...]
-    events: tuple[TraceEvent, ...] = field(repr=False)
+    events: Sequence[TraceEvent] = field(repr=False)    # a TraceEvents, or any tuple of TraceEvent
     track_names: dict = field(default_factory=dict, repr=False, compare=False)  # (pid, tid) -> name
 
     def to_dict(self) -> dict:
@@ -163,7 +223,8 @@ def simulate_program(program: MscclProgram, topology: Topology, size_bytes: floa
                  for i, b in enumerate(timeline.clock.busy_us) if b > 0)
     return SimulationReport(program.name, program.collective, program.ngpus, topology.name, int(size_bytes),
                             chunk_bytes, program.proto, timeline.depth, end_us, algbw, algbw * _busbw_factor(program),
-                            alpha_occupies, reduce_us_per_byte, timeline.steps_done, busy, tuple(timeline.events),
+                            alpha_occupies, reduce_us_per_byte, timeline.steps_done, busy,
+                            TraceEvents(timeline.records, index.tbs, topology),
                             timeline.track_names())
 
 
@@ -217,7 +278,7 @@ class _Timeline:
                         for tb in index.tbs]
         self.heap: list[tuple[float, int, int]] = []
         self.seq = 0
-        self.events: list[TraceEvent] = []
+        self.records: list[tuple] = []    # raw trace events (see TraceEvents)
         self.steps_done = 0
         self.end_us = 0.0
 
@@ -242,32 +303,36 @@ class _Timeline:
     def _advance(self, t: int, now: float) -> None:
         """Run tb ``t`` from time ``now`` until it blocks or must wait for a later time."""
         tb = self.ix.tbs[t]
-        while self.pc[t] < len(tb.steps):
-            k = self.pc[t]
-            step = tb.steps[k]
-            if self.phase[t] == 0:
-                ready = self._ready_us(t, tb.dep_tb[k], step.deps)
+        steps, receives, sends, dep_tb = tb.steps, tb.receives, tb.sends, tb.dep_tb
+        n = len(steps)
+        pc, phase, free_us = self.pc, self.phase, self.free_us
+        while pc[t] < n:
+            k = pc[t]
+            step = steps[k]
+            if phase[t] == 0:
+                ready = free_us[t] if dep_tb[k] is None else self._ready_us(t, dep_tb[k], step.deps)
                 if ready is None:
                     return
                 if ready > now:
                     self._push(t, ready)
                     return
                 self.step_start[t] = ready
-                done = self._receive(t, k, step, ready) if tb.receives[k] else ready
+                done = self._receive(t, ready) if receives[k] else ready
                 if done is None:
                     return
-                done += self._reduce_us(step)
-                self.phase[t] = 1
-                self.free_us[t] = done
-                if tb.sends[k] and done > now:
+                if self.reduce_us_per_byte:
+                    done += self._reduce_us(step)
+                phase[t] = 1
+                free_us[t] = done
+                if sends[k] and done > now:
                     self._push(t, done)   # book the link at the time the data is there
                     return
-            if tb.sends[k]:
+            if sends[k]:
                 done = self._send(t, k, now)
                 if done is None:
                     return
             else:
-                done = self.free_us[t]
+                done = free_us[t]
             self._finish(t, k, step, done)
             if done > now:
                 self._push(t, done)
@@ -284,15 +349,18 @@ class _Timeline:
         first = bisect.bisect_left(flags, deps)
         return max(ready, self.published_us[u][first])
 
-    def _receive(self, t: int, k: int, step, ready: float) -> float | None:
+    def _receive(self, t: int, ready: float) -> float | None:
         c = self.ix.tbs[t].in_conn
-        if not self.arrivals[c]:
+        arrivals = self.arrivals[c]
+        if not arrivals:
             self.data_waiter[c] = t
             return None
-        done = max(ready, self.arrivals[c].popleft())
+        arrival = arrivals.popleft()
+        done = ready if ready > arrival else arrival
         self.taken_us[c].append(done)
-        waiter, self.room_waiter[c] = self.room_waiter[c], None
+        waiter = self.room_waiter[c]
         if waiter is not None:
+            self.room_waiter[c] = None
             self._push(waiter, max(done, self.free_us[waiter]))
         return done
 
@@ -322,22 +390,20 @@ class _Timeline:
         res = self.clock.reserve(link, now, nbytes)
         self.sent[c] += 1
         self.arrivals[c].append(res.arrival_us)
-        self.end_us = max(self.end_us, res.arrival_us)
-        waiter, self.data_waiter[c] = self.data_waiter[c], None
+        if res.arrival_us > self.end_us:
+            self.end_us = res.arrival_us
+        waiter = self.data_waiter[c]
         if waiter is not None:
+            self.data_waiter[c] = None
             self._push(waiter, max(now, self.free_us[waiter]))
-        l = self.topology.links[link]
-        self.events.append(TraceEvent(f"gpu {tb.gpu} tb {tb.id} step {k}", "link", self.topology.num_ranks, link,
-                                      res.start_us, res.busy_until_us - res.start_us,
-                                      {"bytes": nbytes, "arrival_us": res.arrival_us, "src": l.src, "dst": l.dst}))
+        self.records.append(("link", t, k, link, res.start_us, res.busy_until_us - res.start_us, nbytes,
+                             res.arrival_us))
         return res.busy_until_us
 
     def _finish(self, t: int, k: int, step, done: float) -> None:
-        tb = self.ix.tbs[t]
         if step.type != "nop":
-            self.events.append(TraceEvent(f"{step.type} {step.srcbuf}[{step.srcoff}]->{step.dstbuf}[{step.dstoff}] "
-                                          f"x{step.cnt}", "tb", tb.gpu, tb.id, self.step_start[t],
-                                          done - self.step_start[t], {"step": k}))
+            start = self.step_start[t]
+            self.records.append(("tb", t, k, start, done - start))
         if step.hasdep:
             self.published[t].append(k)
             self.published_us[t].append(done)
@@ -345,7 +411,8 @@ class _Timeline:
             for u in waiters:
                 self._push(u, max(done, self.free_us[u]))
         self.free_us[t] = done
-        self.end_us = max(self.end_us, done)
+        if done > self.end_us:
+            self.end_us = done
         self.phase[t] = 0
         self.pc[t] = k + 1
         self.steps_done += 1
