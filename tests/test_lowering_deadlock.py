@@ -29,3 +29,14 @@ def test_merged_lowering_of_a_hierarchical_reducescatter_passes_the_verdict(redu
     program = lower_fitted(schedule, topology, "executor", lowering)
     report = check_text(render_msccl_xml(program), "<merged>", "executor")
     assert [str(f) for f in report.errors()] == []
+
+
+def test_fused_relays_of_a_ring_rail_allgather_pass_the_verdict():
+    """Allgather on four nodes, rails as a ring, 4 pieces, fused on one channel: a fused ``rcs`` relay also
+    waited for the previous send on its NIC port in another threadblock, and with one message of FIFO the relays
+    of two rails waited on each other in a cycle. Port order is now kept only by plain sends."""
+    topology = load_topology("dgx-h100", 4, fabric="rail")
+    schedule = compose(topology, "allgather", HierarchyPlan(RailShape.RING, 4), 1 << 30)
+    program = lower_fitted(schedule, topology, "executor", Lowering(True, 1, 1))
+    report = check_text(render_msccl_xml(program), "<fused>", "executor")
+    assert [str(f) for f in report.errors()] == []
