@@ -68,6 +68,7 @@ def measure(topology: str, nodes: int, collective: str, size: str, time_limit_s:
     sim, plan = report["predicted_time_us"], report["plan_time_us"]
     row.update(method=report["method"][:28], sim_us=round(sim, 3), plan_us=round(plan, 3),
                plan_vs_sim_pct=round(100 * (sim - plan) / sim, 2), pct_limit=round(report["percent_of_limit"], 2),
+               binding=report["limit_binding"],
                baseline=(report["baseline"] or "-")[:24],
                base_us=None if report["baseline_us"] is None else round(report["baseline_us"], 3),
                ratio=None if report["speedup_vs_baseline"] is None else round(report["speedup_vs_baseline"], 3),

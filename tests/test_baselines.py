@@ -126,3 +126,15 @@ def test_switch_topology_takes_any_ring_order():
     topo = load_topology("dgx2")
     assert find_ring(topo) == list(range(16))
     assert verify(build_baseline("ring", "allgather", topo), topo, 1 << 20)
+
+
+def test_baselines_skip_chunk_counts_whose_schedules_would_be_too_large(monkeypatch):
+    import synth.synthesis.baselines as baselines
+
+    monkeypatch.setattr(baselines, "MAX_BASELINE_TRANSFERS", 20)
+    heard = []
+    table = baselines.evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20, progress=heard.append)
+    # ring-4 Allgather: 12 transfers per chunk per rank, so c2 (24) and c4 (48) are over 20
+    assert {run.chunks_per_way for run in table.runs} == {1}
+    assert any("/c2: about 24 transfers, over 20 (fewer chunks stand for it)" in r for r in table.reasons)
+    assert len(heard) == len(table.runs) and heard[0].startswith("  baseline ")

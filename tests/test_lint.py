@@ -464,7 +464,7 @@ def test_long_runs_of_nops_lint_in_linear_time():
     nops = tuple(Step(k, "nop", "i", 0, "o", 0, 1, 0, 0, 0) for k in range(n))
     nops += (Step(n, "s", "o", 0, "o", 0, 1, 0, 0),)
     program = edit_tb(ring_allgather(), 0, 1, steps=nops)
-    start = time.perf_counter()
+    start = time.process_time()   # CPU: independent of machine load
     findings = lint_program(program, "legacy")
-    assert time.perf_counter() - start < 5
+    assert time.process_time() - start < 5
     assert "nop" not in kinds(findings)

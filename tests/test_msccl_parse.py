@@ -206,10 +206,10 @@ def test_error_message_format_is_exact():
 def test_billion_laughs_is_refused_quickly():
     laughs = '<!DOCTYPE lolz [<!ENTITY lol "lol">' + "".join(
         f'<!ENTITY lol{i} "{("&lol" + str(i - 1) + ";") * 10 if i else "&lol;" * 10}">' for i in range(10)) + "]>"
-    start = time.perf_counter()
+    start = time.process_time()   # CPU: independent of machine load
     with pytest.raises(InputError, match="DTDs"):
         parse_msccl_xml(laughs + '\n<algo name="&lol9;"/>', "lol.xml")
-    assert time.perf_counter() - start < 1.0
+    assert time.process_time() - start < 1.0
 
 
 def test_long_attribute_value_is_shortened_in_the_message():

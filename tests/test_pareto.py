@@ -1,6 +1,5 @@
 """The step frontier (synth.sweep.frontier), its rounds-per-chunk bound, the per-size choice and the bundle."""
 
-import time
 from fractions import Fraction
 
 import pytest
@@ -127,12 +126,9 @@ def test_plan_sweep_defaults_and_errors(dgx1):
 
 @pytest.mark.parametrize("name", sorted(DGX1_FRONTIER))
 def test_dgx1_frontier_is_exact(dgx1, name):
-    t0 = time.perf_counter()
-    f = explore_frontier(dgx1, plan_sweep(dgx1, name))
-    seconds = time.perf_counter() - t0
+    f = explore_frontier(dgx1, plan_sweep(dgx1, name))     # speed: benchmarks/bench_pareto.py
     assert triples(f.frontier) == DGX1_FRONTIER[name]
     assert f.complete and f.stop_reason == STOP_LOWER_BOUND
-    assert seconds < 6.0, f"target 3 s (measured {seconds:.2f} s)"
     # every point with fewer steps and a lower ratio than a frontier point was proven infeasible
     for p in f.points:
         assert p.status in (FEASIBLE, INFEASIBLE)
@@ -150,26 +146,20 @@ def test_frontier_schedules_verify(dgx1):
 
 @pytest.mark.parametrize("name, frontier", [("alltoall", [(2, 8, 3)]), ("gather", [(2, 7, 6)])])
 def test_dgx1_alltoall_and_gather_reach_the_cut_bound(dgx1, name, frontier):
-    t0 = time.perf_counter()
     f = explore_frontier(dgx1, plan_sweep(dgx1, name))
     assert triples(f.frontier) == frontier and f.complete
-    assert time.perf_counter() - t0 < 5.0
 
 
 def test_dgx1_allreduce_frontier(dgx1):
-    t0 = time.perf_counter()
     f = explore_frontier(dgx1, plan_sweep(dgx1, "allreduce"))
     assert triples(f.frontier) == [(4, 6, 2), (6, 14, 6)] and f.complete
-    assert time.perf_counter() - t0 < 30.0
 
 
 @pytest.mark.slow
 def test_dgx1_broadcast_frontier_with_chunk_cap_16(dgx1):
-    t0 = time.perf_counter()
     f = explore_frontier(dgx1, plan_sweep(dgx1, "broadcast", max_chunks=16))
     assert triples(f.frontier) == [(2, 2, 2), (3, 5, 12), (4, 4, 13)]
     assert f.complete and f.stop_reason == STOP_CHUNK_CAP
-    assert time.perf_counter() - t0 < 30.0
 
 
 def test_chunk_cap_stops_the_search(ring4):

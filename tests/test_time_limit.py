@@ -179,9 +179,9 @@ def test_hierarchy_stops_composing_at_the_deadline_and_counts_its_sub_problems()
     assert messages[1] == f"  time limit reached: {total - 1} composition(s) not tried"
 
 
-def test_when_time_runs_out_while_writing_the_fastest_baseline_is_still_written(monkeypatch):
-    """The deadline passes during the first write (a synthesized plan): the fastest baseline is written too, so
-    the file is never slower than what the runtime would run anyway; the other candidates are left."""
+def test_when_time_runs_out_while_writing_a_baseline_is_still_written(monkeypatch):
+    """The deadline passes during the first write (a synthesized plan): a baseline (the smallest program) is
+    written too, so the file is never slower than what the runtime would run; the other candidates are left."""
     import synth.synthesis.solve as solve_module
 
     clock = ManualClock()
@@ -199,4 +199,4 @@ def test_when_time_runs_out_while_writing_the_fastest_baseline_is_still_written(
     assert solution.time_limited and len(writes) == 2
     assert not writes[0].startswith("  writing baseline/") and writes[1].startswith("  writing baseline/")
     assert solution.baseline is not None and solution.report()["speedup_vs_baseline"] >= 1.0
-    assert any(m.endswith("not written (the fastest baseline still is)") for m in messages)
+    assert any(m.endswith("not written (a baseline still is)") for m in messages)

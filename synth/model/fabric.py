@@ -30,6 +30,7 @@ from synth.model.topology import Fabric, Link, LinkArrays, PortUse, Switch, Swit
 # about 0.2 us) and the longer cables.
 SPINE_ALPHA_US = 0.5
 _ITER_BLOCK = 1 << 15
+MEMO_LIMIT = 1 << 18       # (src, dst) lookups remembered per topology (about 40 MB at most)
 
 
 def compose(node: Topology, nodes: int, fabric: Fabric, oversubscription: float) -> Topology:
@@ -265,8 +266,15 @@ class _LinkIndex(Mapping):
 
     def __init__(self, links: ComposedLinks):
         self._links = links
+        self._found: dict = {}     # pairs looked up so far: schedulers ask for the same few links millions of times
 
     def __getitem__(self, pair) -> int:
+        try:
+            pos = self._found.get(pair)
+        except TypeError:            # an unhashable pair (a list): looked up, not remembered
+            pos = None
+        if pos is not None:
+            return pos
         try:
             src, dst = pair
             pos = self._links.find(int(src), int(dst))
@@ -274,6 +282,8 @@ class _LinkIndex(Mapping):
             raise KeyError(pair) from None
         if pos < 0:
             raise KeyError(pair)
+        if len(self._found) < MEMO_LIMIT and isinstance(pair, tuple):
+            self._found[pair] = pos
         return pos
 
     def __contains__(self, pair) -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Callable
 
 from synth.bounds.physical import Bound, lower_bound
 from synth.errors import InputError
@@ -106,10 +107,13 @@ class SynthesisRequest:
         """Every applicable baseline for the request's collective, built and replayed once."""
         return self.baselines_for(self.collective, self.topology)
 
-    def baselines_for(self, collective: str, topology: Topology) -> BaselineTable:
+    def baselines_for(self, collective: str, topology: Topology,
+                      progress: Callable[[str], None] = lambda message: None) -> BaselineTable:
         """The baseline table of a sub-problem at the request's size and root (the dual of a reduction on the
-        reversed topology, the halves of an Allreduce), built once per (collective, topology)."""
+        reversed topology, the halves of an Allreduce), built once per (collective, topology); ``progress``
+        hears about each baseline as it is built."""
         key = (normalize_name(collective), topology)
         if key not in self._baseline_tables:
-            self._baseline_tables[key] = evaluate_baselines(key[0], topology, self.size_bytes, self.root)
+            self._baseline_tables[key] = evaluate_baselines(key[0], topology, self.size_bytes, self.root,
+                                                            progress=progress)
         return self._baseline_tables[key]

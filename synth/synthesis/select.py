@@ -158,7 +158,7 @@ def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet)
 def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
     """The fastest baseline the runtimes select at power-of-two sizes, or None when none applies."""
     try:
-        run = request.baselines.best(runnable_only=True)
+        run = request.baselines_for(request.collective, request.topology, progress).best(runnable_only=True)
     except InputError:
         return None
     progress(f"  baseline {run.name}: {run.report.time_us:.2f} us")

@@ -52,6 +52,9 @@ from synth.synthesis.baselines.trees import double_tree_routes
 
 # ----------------------------------------------------------------------------------------------- registry
 
+# Transfers a baseline schedule may hold beyond its fewest-chunk version (256 GPUs: a ring Allgather with 2 chunks
+# per rank is 130k transfers; with 4 it would be 261k).
+MAX_BASELINE_TRANSFERS = 1 << 17
 _ALL = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall", "gather", "scatter")
 
 
@@ -193,8 +196,13 @@ class BaselineTable:
 
 
 def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
-                       chunk_options: tuple[int, ...] = (1, 2, 4)) -> BaselineTable:
+                       chunk_options: tuple[int, ...] = (1, 2, 4),
+                       progress: Callable[[str], None] = lambda message: None) -> BaselineTable:
     """Build and replay every applicable baseline for each of ``chunk_options`` at ``size_bytes``.
+
+    On large machines a baseline's transfers grow with ranks squared times chunks: a chunk count whose schedule
+    would exceed :data:`MAX_BASELINE_TRANSFERS` is skipped (the reason is kept), because building, replaying and
+    writing it would cost minutes while its fewer-chunk version still stands for it.
 
     >>> from synth.model.topology import load_topology
     >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20)
@@ -206,9 +214,17 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
         if reason is not None:
             reasons.append(f"{name}: {reason}")
             continue
-        for chunks in chunk_options:
+        smallest = None      # transfers of the fewest-chunk version built
+        for chunks in sorted(chunk_options):
+            if smallest is not None and smallest[1] * chunks // smallest[0] > MAX_BASELINE_TRANSFERS:
+                reasons.append(f"{name}/c{chunks}: about {smallest[1] * chunks // smallest[0]} transfers, over "
+                               f"{MAX_BASELINE_TRANSFERS} (fewer chunks stand for it)")
+                break
             schedule = build_baseline(name, collective_name, topology, chunks, root, order_bytes=size_bytes)
-            runs.append(BaselineRun(name, chunks, schedule, verify(schedule, topology, size_bytes)))
+            report = verify(schedule, topology, size_bytes)
+            runs.append(BaselineRun(name, chunks, schedule, report))
+            smallest = smallest or (chunks, len(schedule.transfers))
+            progress(f"  baseline {name}/c{chunks}: {report.time_us:.2f} us ({len(schedule.transfers)} transfers)")
     return BaselineTable(normalize_name(collective_name), topology.name, size_bytes, tuple(runs), tuple(reasons))
 
 
