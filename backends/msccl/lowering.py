@@ -337,7 +337,9 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
 
     Sends to different peers live in different threadblocks, so nothing else in the XML says which goes first
     on the shared port; without this the runtime (and the simulator) serve them in whatever order they become
-    ready, which can be far from the planned one.
+    ready, which can be far from the planned one. Fused ops (``rcs``/``rrs``) are not held back: their receive
+    would wait for another threadblock's send, and with FIFO back-pressure relays of two rails then wait on each
+    other in a cycle (a deadlock; 4 x dgx-h100 on rails, ring Allgather).
     """
     previous = {}
     for op in sorted((o for o in ops if o.send is not None), key=lambda o: o.position):
@@ -347,8 +349,9 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
         port = link.ports[0]         # the sender's egress port
         before = previous.get(port)
         # (the same connection on another channel shares the link itself, which serves its messages in turn)
+        # a fused op's receive would wait too: with FIFO back-pressure that closes cycles through the relays
         if before is not None and before.tb_key != op.tb_key and before not in op.deps \
-                and before.send.dst != op.send.dst:
+                and before.send.dst != op.send.dst and op.recv is None:
             op.deps = tuple(d for d in op.deps if d.tb_key != before.tb_key) + (before,)
         previous[port] = op
 

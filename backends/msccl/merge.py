@@ -8,9 +8,11 @@ Steps ``k`` and ``k+1`` of a threadblock merge when they are alike and adjacent 
 carry:
 
 - same type (not ``nop``), ``srcoff``/``dstoff`` of ``k+1`` follow those of ``k`` in the same buffers;
-- ``k+1`` waits for nothing (no ``nop`` in front of it, no ``depid``) or for a later step of the threadblock ``k``
-  waits for (the merged step then waits for the latest); with ``strict``, ``k+1`` waits for nothing and nobody
-  waits for ``k`` (``hasdep=0``), so no threadblock waits longer than before;
+- ``k+1`` waits for nothing (no ``nop`` in front of it, no ``depid``) or, when nobody waits for ``k``
+  (``hasdep=0``), for a later step of the threadblock ``k`` waits for (the merged step then waits for the latest;
+  were ``k`` waited for, its flag would be published only after that later wait, and the waiter's chain can
+  lead back to it: a cycle of ``hasdep`` waits that deadlocks); with ``strict``, ``k+1`` waits for nothing and
+  nobody waits for ``k``, so no threadblock waits longer than before;
 - on the connections the steps receive from and send to, the matching steps at the other end merge the same way
   (the k-th send matches the k-th receive, so both ends must group the messages alike; fused ``rcs``/``rrs`` chains
   therefore merge only where every step of the chain merges).
@@ -79,7 +81,9 @@ def _local_joins(steps, max_cnt: int, strict: bool) -> list[bool]:
     for k in range(1, len(steps)):
         a, b = steps[k - 1], steps[k]
         block = MAX_CNT if a.type in LOCAL_TYPES else max_cnt
-        waits = b.depid == -1 or (not strict and b.depid == a.depid and b.deps >= a.deps)
+        # a step others wait for (hasdep) must not take on a later wait: its flag would then be published only
+        # after that wait, and the waiter's own chain can lead back to it (a cycle of hasdep waits)
+        waits = b.depid == -1 or (not strict and not a.hasdep and b.depid == a.depid and b.deps >= a.deps)
         out[k] = (a.type == b.type and a.type != "nop" and a.type in STEP_TYPES and waits
                   and not (strict and a.hasdep) and a.srcbuf == b.srcbuf and a.dstbuf == b.dstbuf
                   and b.srcoff == a.srcoff + a.cnt and b.dstoff == a.dstoff + a.cnt
