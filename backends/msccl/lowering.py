@@ -240,9 +240,8 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
         for op in plan.ops:
             if op.kind == "cpy":
                 op.tb_key = (0, -1, -1)
-            elif op.recv is not None and op.send is not None:
-                if id(op) in channel_of:     # else unplaced: the caller unfuses it and assigns again
-                    op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
+            elif op.recv is not None and op.send is not None:   # placed: unplaced ones returned above
+                op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
             elif op.recv is not None:
                 ch = transfer_chan.get(id(op.recv), 0)
                 partner = used[(r, ch)].get(("in", op.recv.src), -1) if ch else -1
