@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 from math import ceil
+from typing import Iterator
 
 from backends.msccl.findings import Finding
 from backends.msccl.ir import MscclProgram
@@ -188,21 +189,25 @@ def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **
     """``fit`` and, where the SMs and channels allow, the same lowering on 2 and 4 times its channels: messages of
     one connection from several threadblocks often keep a link busier, so the simulator should choose. Skipped
     for programs of more than :data:`WIDEN_MAX_STEPS` steps (each variant is another lowering)."""
-    out = [fit]
+    return [fit, *iter_wider_fits(schedule, topology, target, fit, **program_options)]
+
+
+def iter_wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options
+                    ) -> Iterator[Fit]:
+    """The wider spreads of :func:`wider_fits` (without ``fit`` itself), lowered only when asked for."""
     total = sum(len(tb.steps) for g in fit.program.gpus for tb in g.tbs)
     if total > WIDEN_MAX_STEPS:
-        return out
+        return
     most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)
     for factor in (2, 4):
         channels = fit.lowering.channels * factor
         if channels > most:
-            break
+            return
         lowering = replace(fit.lowering, channels=channels)
         wider = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
                         topology.sms_per_gpu)
         if wider.fits:
-            out.append(wider)
-    return out
+            yield wider
 
 
 def _most_channels(fit: Fit, channels: int, sms: int | None, fuse: bool) -> int:

@@ -114,9 +114,17 @@ def _agree(senders: list, receivers: list, joined: list) -> set[int]:
 
 
 def _rebuild(program: MscclProgram, tbs: list, joined: list) -> MscclProgram:
-    """Steps grouped by ``joined``, with ``s`` and dependency indices renumbered."""
-    new_index = []      # per tb: old step index -> new step index
+    """Steps grouped by ``joined``, with ``s`` and dependency indices renumbered. Threadblocks where nothing
+    merged, and whose dependencies point at threadblocks where nothing merged, are kept as they are (most of a
+    program that fits unmerged)."""
+    merged = [any(row) for row in joined]
+    if not any(merged):
+        return program
+    new_index = []      # per tb: old step index -> new step index (None: unchanged)
     for t, (_, tb) in enumerate(tbs):
+        if not merged[t]:
+            new_index.append(None)
+            continue
         index, n = [], -1
         for k in range(len(tb.steps)):
             if not joined[t][k]:
@@ -128,13 +136,20 @@ def _rebuild(program: MscclProgram, tbs: list, joined: list) -> MscclProgram:
     t = 0
     for gpu in program.gpus:
         out_tbs = []
+        touched = False
         for tb in gpu.tbs:
+            targets = {position.get((gpu.id, st.depid)) for st in tb.steps if st.depid >= 0}
+            if not merged[t] and not any(u is not None and merged[u] for u in targets):
+                out_tbs.append(tb)
+                t += 1
+                continue
+            touched = True
             steps: list[Step] = []
             for k, step in enumerate(tb.steps):
                 deps = step.deps
                 if step.depid >= 0:
                     u = position.get((gpu.id, step.depid))
-                    if u is not None and 0 <= step.deps < len(new_index[u]):
+                    if u is not None and new_index[u] is not None and 0 <= step.deps < len(new_index[u]):
                         deps = new_index[u][step.deps]
                 if joined[t][k]:   # the group waits for its last dependency (the same tb's, latest)
                     last = steps[-1]
@@ -142,8 +157,9 @@ def _rebuild(program: MscclProgram, tbs: list, joined: list) -> MscclProgram:
                                         depid=step.depid if step.depid >= 0 else last.depid,
                                         deps=deps if step.depid >= 0 else last.deps)
                     continue
-                steps.append(replace(step, s=len(steps), deps=deps))
+                steps.append(step if step.s == len(steps) and step.deps == deps
+                             else replace(step, s=len(steps), deps=deps))
             out_tbs.append(replace(tb, steps=tuple(steps)))
             t += 1
-        out_gpus.append(replace(gpu, tbs=tuple(out_tbs)))
+        out_gpus.append(replace(gpu, tbs=tuple(out_tbs)) if touched else gpu)
     return replace(program, gpus=tuple(out_gpus))

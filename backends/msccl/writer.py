@@ -20,16 +20,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Protocol, Sequence
 
 from synth.errors import BackendError, InputError, VerificationError
 from synth.fileio import write_atomic
 from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
+from synth.schedule.replay import replay_time
 
 from backends.msccl.ir import LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
 from backends.msccl.limits import LIMIT_KINDS
-from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, wider_fits
+from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, iter_wider_fits
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
@@ -55,11 +56,26 @@ class EmittedXml:
     lowering: Lowering | None = None
 
 
+class Expiry(Protocol):
+    """When to stop optional work (:class:`synth.solver.deadline.Deadline` is one; backends do not import it)."""
+
+    @property
+    def expired(self) -> bool: ...
+
+
 def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "executor",
                       size_bytes: int | None = None, *, proto: str = "Simple", name: str | None = None,
-                      min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> EmittedXml:
+                      min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES, plan_us: float | None = None,
+                      deadline: Expiry | None = None) -> EmittedXml:
     """Lower both ways with the topology, fitted; judge the fastest as ``synth check`` does; return the first that
-    passes."""
+    passes.
+
+    Variants are made lazily, fused ones first (:func:`_variants`), and no more are made once none still to come
+    can beat the fastest simulated so far: the schedule's replayed time (``plan_us``, computed here when not
+    given) is optimistic (unbounded buffers), so a variant that simulates at it is not beaten by another, and a
+    plain one must beat a fused one by :data:`TIE`. Once ``deadline`` has expired no further variant is made
+    after one fits; the others are made only when every one made fails its verdict.
+    """
     if topology is None:
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
     _check_collective_known(schedule, target)
@@ -68,31 +84,72 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     if reason is not None:
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
     options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
-    fits: list[Fit] = []
-    for fuse in (True, False):
-        fit = fit_lowering(schedule, topology, target, fuse, **options)
-        _check_name(fit.program.name)
-        if fit.fits:
-            fits += wider_fits(schedule, topology, target, fit, **options)
+    if size_bytes and plan_us is None:
+        plan_us = replay_time(schedule, topology, size_bytes).time_us
+    floor_us = plan_us if size_bytes else 0.0
+    variants = _variants(schedule, topology, target, failures, options)
+    timed: list[tuple[tuple, float | None, Fit]] = []    # (sort key, simulated us, fit), not yet judged
+    programs: list[MscclProgram] = []                     # every program timed (the same one is not timed twice)
+    exhausted, first_round = False, True
+    while not exhausted:
+        for fit in variants:
+            if any(fit.program == p for p in programs):
+                continue
+            programs.append(fit.program)
+            time_us = _simulated_us(fit.program, topology, size_bytes)
+            timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
+            if first_round and ((deadline is not None and deadline.expired)
+                                or _settled(timed, floor_us, fit.lowering)):
+                break
         else:
-            failures.append((f"{fit.lowering.label} lowering breaks a runtime rule: {fit.reason()}", True))
-    timed = [(_simulated_us(fit.program, topology, size_bytes), fit) for fit in fits]
-    # fastest first; a plain variant must be clearly faster to beat a fused one (fewer tbs, no cross-tb waits)
-    timed.sort(key=lambda pair: (pair[0] * (1 - TIE) if pair[1].lowering.fuse and pair[0] is not None
-                                 else pair[0] or 0.0, not pair[1].lowering.fuse, pair[1].lowering.channels))
-    for time_us, fit in timed:
-        emitted, failure = _judge(fit, topology, target, time_us)
-        if emitted is None and fit.lowering.max_cnt > 1:   # merged steps that wait too long: merge strictly
-            strict = fit_lowering(schedule, topology, target, fit.lowering.fuse, strict_merge=True, **options)
-            if strict.fits:
-                emitted, failure = _judge(strict, topology, target,
-                                          _simulated_us(strict.program, topology, size_bytes))
-        if emitted is not None:
-            return emitted
-        failures.append(failure)
+            exhausted = True
+        first_round = False    # every variant made so far failed its verdict: judge all the others
+        timed.sort(key=lambda entry: entry[0])
+        while timed:
+            _, time_us, fit = timed.pop(0)
+            emitted, failure = _judge(fit, topology, target, time_us)
+            if emitted is None and fit.lowering.max_cnt > 1:   # merged steps that wait too long: merge strictly
+                strict = fit_lowering(schedule, topology, target, fit.lowering.fuse, strict_merge=True, **options)
+                if strict.fits:
+                    emitted, failure = _judge(strict, topology, target,
+                                              _simulated_us(strict.program, topology, size_bytes))
+            if emitted is not None:
+                return emitted
+            failures.append(failure)
     if all(limit for _, limit in failures):
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")
     raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
+
+
+def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],
+              options: dict) -> Iterator[Fit]:
+    """The fitted lowerings, fused first (each fit, then its wider spreads); a lowering that cannot fit is
+    recorded in ``failures``."""
+    for fuse in (True, False):
+        fit = fit_lowering(schedule, topology, target, fuse, **options)
+        _check_name(fit.program.name)
+        if not fit.fits:
+            failures.append((f"{fit.lowering.label} lowering breaks a runtime rule: {fit.reason()}", True))
+            continue
+        yield fit
+        yield from iter_wider_fits(schedule, topology, target, fit, **options)
+
+
+def _sort_key(time_us: float | None, lowering: Lowering) -> tuple:
+    """Fastest first; a plain variant must be clearly faster to beat a fused one (fewer tbs, no cross-tb waits);
+    then fewer channels."""
+    effective = 0.0 if time_us is None else time_us * (1 - TIE) if lowering.fuse else time_us
+    return (effective, not lowering.fuse, lowering.channels)
+
+
+def _settled(timed: list, floor_us: float, last: Lowering) -> bool:
+    """Whether no variant still to come (the wider spreads of ``last``, then plain ones) can sort before the best
+    timed: none simulates faster than the replayed ``floor_us``, and spreads only add channels."""
+    best = min(entry[0] for entry in timed)
+    to_come = [_sort_key(floor_us, replace(last, channels=last.channels + 1))]
+    if last.fuse:
+        to_come.append(_sort_key(floor_us, Lowering(False)))
+    return all(best <= key for key in to_come)
 
 
 def _simulated_us(program, topology: Topology, size_bytes: int | None) -> float | None:
