@@ -29,7 +29,7 @@ from backends.msccl.ir import MscclProgram
 from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_PER_CHANNEL_DIRECTION,
                                    connection_findings, max_steps, nchannels_findings, step_limit_findings,
                                    tb_limit_findings, tbs_per_gpu_findings)
-from backends.msccl.lowering import DEFAULT_MAX_BYTES, lower_to_msccl
+from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
 from synth.errors import BackendError
 from synth.model.topology import Topology
@@ -95,11 +95,13 @@ class FitPlan:
 
 
 def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: Lowering, *, proto: str = "Simple",
-                 name: str | None = None, min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES) -> MscclProgram:
-    """The schedule lowered as ``lowering`` says (channels, then merged steps)."""
+                 name: str | None = None, min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES,
+                 planned: PlannedOps | None = None) -> MscclProgram:
+    """The schedule lowered as ``lowering`` says (channels, then merged steps); ``planned`` keeps the per-rank ops
+    between lowerings of the one schedule (:class:`~backends.msccl.lowering.PlannedOps`)."""
     program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
                              channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
-                             max_bytes=max_bytes)
+                             max_bytes=max_bytes, planned=planned)
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
 
 
@@ -148,6 +150,7 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     """
     limit = max_steps(target)
     sms = topology.sms_per_gpu
+    program_options.setdefault("planned", PlannedOps(schedule))    # every trial lowers the same ops
     # a connection's messages need at least this many channels of ``limit`` steps (unmerged): start there
     longest = max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
     channels, max_cnt = max(1, min(MAX_CHANNELS - 1, ceil(longest / limit))), 1
@@ -254,6 +257,7 @@ def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", *
     if reason is not None:
         raise BackendError(f"no MSCCL lowering fits: {reason}")
     fits, misses = [], []
+    program_options.setdefault("planned", PlannedOps(schedule))
     for fuse in (True, False):
         fit = fit_lowering(schedule, topology, target, fuse, **program_options)
         (fits if fit.fits else misses).append(fit)

@@ -287,21 +287,45 @@ def _connection_orders_agree(plans) -> list:
     return bad
 
 
+class PlannedOps:
+    """The per-rank ops of one schedule, planned once per lowering mode (fused or plain): lowering the schedule
+    again on other channels or with other merging starts from a fresh copy of them, not from the transfers."""
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        self._planned: dict[bool, tuple[list, object]] = {}
+
+    def plans(self, fuse: bool) -> tuple[list[_RankPlan], object]:
+        """Fresh rank plans (their ops are changed by threadblock assignment) and the buffer layout."""
+        if fuse not in self._planned:
+            self._planned[fuse] = _plan_ops(self.schedule, fuse)
+        kept, layout = self._planned[fuse]
+        plans = []
+        for plan in kept:
+            fresh = _RankPlan.__new__(_RankPlan)
+            fresh.__dict__.update(plan.__dict__)
+            fresh.ops = [_Op(op.kind, op.recv, op.send, op.src, op.dst, op.position, op.tb_key, op.deps, op.writes)
+                         for op in plan.ops]
+            plans.append(fresh)
+        return plans, layout
+
+
 def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = None, target: str = "executor",
                    proto: str = "Simple", name: str | None = None, min_bytes: int = 0,
                    max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1,
-                   group: int = 1) -> MscclProgram:
+                   group: int = 1, planned: PlannedOps | None = None) -> MscclProgram:
     """Lower a verified Schedule to an MSCCL program (threadblocks, channels, steps, dependencies).
 
     ``topology`` and ``size_bytes`` are accepted for a uniform backend signature; the program itself does not
     depend on them (MSCCL selects it by size range through ``min_bytes``/``max_bytes``). ``channels`` > 1 sends
     groups of ``group`` consecutive chunks round robin over that many channels (fused: over that many sets of
     channels), so each threadblock holds a share of a long connection's steps (the executor runs at most 64 per
-    threadblock); :mod:`backends.msccl.merge` can then merge each group into one step.
+    threadblock); :mod:`backends.msccl.merge` can then merge each group into one step. ``planned`` (for
+    ``schedule``) keeps the per-rank ops between lowerings of one schedule.
     """
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
-    plans, layout = _plan_ops(schedule, fuse)
+    plans, layout = planned.plans(fuse) if planned is not None else _plan_ops(schedule, fuse)
     buckets = _peer_buckets(schedule)
     spread = None if channels <= 1 and buckets == 1 else _spread_over_channels(schedule, channels, group, buckets)
     for _ in range(8):
@@ -315,7 +339,7 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
             plan.ops.extend(extra)
     else:
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
-                              channels, group)
+                              channels, group, planned)
     coll = schedule.collective
     peers = _PeerSlots({id(op.send): op.src for plan in plans for op in plan.ops if op.send is not None},
                        {id(op.recv): op.dst for plan in plans for op in plan.ops if op.recv is not None})

@@ -212,9 +212,7 @@ def simulate_program(program: MscclProgram, topology: Topology, size_bytes: floa
         raise InputError("--size", "", f"size must be positive, got {size_bytes}")
     index = index_program(program)
     _check_fits(program, index, topology)
-    # nccl-tests' size is the larger buffer (conventions: gather/scatter count one rank's part)
-    chunk_bytes = float(size_bytes / conventions.size_chunks(program.collective, program.nchunksperloop,
-                                                             program.ngpus))
+    chunk_bytes = program_chunk_bytes(program, size_bytes)
     depth = runtime_fifo_depth(program) if fifo_depth is None else fifo_depth
     timeline = _Timeline(index, topology, chunk_bytes, reduce_us_per_byte, alpha_occupies, depth)
     end_us = timeline.run()
@@ -226,6 +224,12 @@ def simulate_program(program: MscclProgram, topology: Topology, size_bytes: floa
                             alpha_occupies, reduce_us_per_byte, timeline.steps_done, busy,
                             TraceEvents(timeline.records, index.tbs, topology),
                             timeline.track_names())
+
+
+def program_chunk_bytes(program: MscclProgram, size_bytes: float) -> float:
+    """Bytes of one chunk of ``program`` at nccl-tests size ``size_bytes`` (the larger buffer; conventions:
+    gather/scatter count one rank's part)."""
+    return float(size_bytes / conventions.size_chunks(program.collective, program.nchunksperloop, program.ngpus))
 
 
 def _busbw_factor(program: MscclProgram) -> float:

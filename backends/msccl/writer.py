@@ -19,6 +19,7 @@ Callers (``synth solve``, ``synth baseline -o``, the pareto bundle) write only w
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
 
@@ -26,13 +27,13 @@ from synth.errors import BackendError, InputError, VerificationError
 from synth.fileio import write_atomic
 from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
-from synth.schedule.replay import replay_time
+from synth.schedule.costmodel import load_bound_us
 
 from backends.msccl.ir import LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
-from backends.msccl.limits import LIMIT_KINDS
+from backends.msccl.limits import LIMIT_KINDS, MAX_CNT
 from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, iter_wider_fits
-from backends.msccl.lowering import DEFAULT_MAX_BYTES, render_msccl_xml
-from backends.msccl.simulate import simulate_program
+from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
+from backends.msccl.simulate import program_chunk_bytes, simulate_program
 from backends.msccl.verdict import check_text
 
 TIE = 0.01
@@ -65,16 +66,17 @@ class Expiry(Protocol):
 
 def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "executor",
                       size_bytes: int | None = None, *, proto: str = "Simple", name: str | None = None,
-                      min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES, plan_us: float | None = None,
-                      deadline: Expiry | None = None) -> EmittedXml:
+                      min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES, deadline: Expiry | None = None
+                      ) -> EmittedXml:
     """Lower both ways with the topology, fitted; judge the fastest as ``synth check`` does; return the first that
     passes.
 
     Variants are made lazily, fused ones first (:func:`_variants`), and no more are made once none still to come
-    can beat the fastest simulated so far: the schedule's replayed time (``plan_us``, computed here when not
-    given) is optimistic (unbounded buffers), so a variant that simulates at it is not beaten by another, and a
-    plain one must beat a fused one by :data:`TIE`. Once ``deadline`` has expired no further variant is made
-    after one fits; the others are made only when every one made fails its verdict.
+    can beat the fastest simulated so far: none simulates faster than the schedule's link and port loads allow
+    (:func:`synth.schedule.costmodel.load_bound_us`, whatever the channels and merging), so a fused variant that
+    simulates at that bound is not beaten, and a plain one must beat a fused one by :data:`TIE`. Once ``deadline``
+    (a :class:`synth.solver.deadline.Deadline`) has expired no further variant is made once one fits; the others
+    are made only when every one made fails its verdict.
     """
     if topology is None:
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
@@ -83,11 +85,10 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     reason = hopeless(schedule, topology)
     if reason is not None:
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
-    options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes)
-    if size_bytes and plan_us is None:
-        plan_us = replay_time(schedule, topology, size_bytes).time_us
-    floor_us = plan_us if size_bytes else 0.0
+    # every variant lowers the same per-rank ops (planned once per mode)
+    options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes, planned=PlannedOps(schedule))
     variants = _variants(schedule, topology, target, failures, options)
+    floor_us = None     # no program of the schedule simulates faster (computed with the first one)
     timed: list[tuple[tuple, float | None, Fit]] = []    # (sort key, simulated us, fit), not yet judged
     programs: list[MscclProgram] = []                     # every program timed (the same one is not timed twice)
     exhausted, first_round = False, True
@@ -96,6 +97,8 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
             if any(fit.program == p for p in programs):
                 continue
             programs.append(fit.program)
+            if floor_us is None:
+                floor_us = _floor_us(schedule, fit.program, topology, size_bytes)
             time_us = _simulated_us(fit.program, topology, size_bytes)
             timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
             if first_round and ((deadline is not None and deadline.expired)
@@ -121,6 +124,14 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
 
 
+def _floor_us(schedule: Schedule, program: MscclProgram, topology: Topology, size_bytes: int | None) -> float:
+    """No lowering of ``schedule`` simulates faster than this (0 without a size: nothing is timed)."""
+    if not size_bytes:
+        return 0.0
+    return load_bound_us(((t.src, t.dst) for t in schedule.transfers), topology,
+                         program_chunk_bytes(program, size_bytes), MAX_CNT)
+
+
 def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],
               options: dict) -> Iterator[Fit]:
     """The fitted lowerings, fused first (each fit, then its wider spreads); a lowering that cannot fit is
@@ -144,7 +155,7 @@ def _sort_key(time_us: float | None, lowering: Lowering) -> tuple:
 
 def _settled(timed: list, floor_us: float, last: Lowering) -> bool:
     """Whether no variant still to come (the wider spreads of ``last``, then plain ones) can sort before the best
-    timed: none simulates faster than the replayed ``floor_us``, and spreads only add channels."""
+    timed: none simulates faster than ``floor_us``, and spreads only add channels."""
     best = min(entry[0] for entry in timed)
     to_come = [_sort_key(floor_us, replace(last, channels=last.channels + 1))]
     if last.fuse:
@@ -179,10 +190,10 @@ def _judge(fit: Fit, topology: Topology, target: str, time_us: float | None
         limit = any(f.kind in LIMIT_KINDS or f.runtimes != ("executor", "legacy") for f in errors)
         what = "breaks a runtime rule" if limit else "fails its check"
         return None, (f"{label} lowering {what}: " + "; ".join(str(f) for f in errors[:3]), limit)
-    parsed = [without_lines(r.program) for r in report.algos]
-    if parsed != [program]:   # the text says something else than the program: never written
+    parsed = [r.program for r in report.algos]
+    if len(parsed) != 1 or not same_program(parsed[0], program):   # the text says something else: never written
         return None, (f"{label} lowering reads back as a different program", False)
-    [parsed] = parsed
+    parsed = program     # equal but for source lines, as a generated program has them
     return EmittedXml(text, parsed, target, fit.lowering.fuse, sum(len(g.tbs) for g in parsed.gpus),
                       parsed.nchannels, time_us, lowering=fit.lowering), ("", False)
 
@@ -233,8 +244,24 @@ def write_verified_xml(path: str | Path, emitted: EmittedXml) -> None:
     write_atomic(Path(path), emitted.text)
 
 
-def without_lines(program: MscclProgram) -> MscclProgram:
-    """The program with every source line set to 0, as a generated one has them, to compare with a parsed one."""
-    gpus = tuple(replace(g, line=0, tbs=tuple(replace(tb, line=0, steps=tuple(replace(st, line=0) for st in tb.steps))
-                                              for tb in g.tbs)) for g in program.gpus)
-    return replace(program, line=0, gpus=gpus)
+_PROGRAM_FIELDS = attrgetter("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace",
+                             "min_bytes", "max_bytes")
+_GPU_FIELDS = attrgetter("id", "i_chunks", "o_chunks", "s_chunks")
+_TB_FIELDS = attrgetter("id", "send", "recv", "chan")
+_STEP_FIELDS = attrgetter("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
+
+
+def same_program(a: MscclProgram, b: MscclProgram) -> bool:
+    """Whether two programs say the same but for source lines (compared field by field, without
+    building copies)."""
+    if _PROGRAM_FIELDS(a) != _PROGRAM_FIELDS(b) or len(a.gpus) != len(b.gpus):
+        return False
+    for ga, gb in zip(a.gpus, b.gpus):
+        if _GPU_FIELDS(ga) != _GPU_FIELDS(gb) or len(ga.tbs) != len(gb.tbs):
+            return False
+        for ta, tb in zip(ga.tbs, gb.tbs):
+            if _TB_FIELDS(ta) != _TB_FIELDS(tb) or len(ta.steps) != len(tb.steps):
+                return False
+            if list(map(_STEP_FIELDS, ta.steps)) != list(map(_STEP_FIELDS, tb.steps)):
+                return False
+    return True

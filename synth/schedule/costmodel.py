@@ -11,6 +11,8 @@ for the time it takes at that port's bandwidth. Links are full duplex. Times are
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from synth.model.topology import PortUse, Topology
@@ -53,3 +55,33 @@ class LinkClock:
         for p in ports:
             self.port_free[p] = start + max(busy, nbytes / (self.port_bw[p] * BYTES_PER_US_PER_GBPS))
         return Reservation(start, start + busy, start + link.alpha_us + beta_us)
+
+
+def load_bound_us(links: Iterable[tuple[int, int]], topology: Topology, nbytes: float,
+                  most_merged: int = 1) -> float:
+    """A lower bound on the makespan of any timing of these chunks by :class:`LinkClock` (latency overlapping):
+    one chunk of ``nbytes`` per ``(src, dst)`` in ``links`` (one per transfer), moved in messages of at most
+    ``most_merged`` chunks. A link serialises its messages' bandwidth use, so its last arrives at least its total
+    busy time plus alpha after 0; a switch port serialises the time it is held, so its last message starts once
+    every other has been through and arrives alpha plus its own link time later (where the port is slower than
+    the link, that last message holds it for up to ``most_merged`` chunks' port time).
+
+    >>> from synth.model.topology import load_topology
+    >>> load_bound_us([(0, 1), (0, 1), (1, 2)], load_topology("ring-4"), 25_000)   # 2 x 1 us + 0.7 us
+    2.7
+    """
+    per_link = Counter(topology.link_index[pair] for pair in links)
+    port_bw = topology.port_capacity()
+    port_total: Counter = Counter()
+    port_last: dict = {}       # per port, the least a last message can add after the others: alpha - excess
+    bound = 0.0
+    for index, count in per_link.items():
+        link = topology.links[index]
+        beta_us = nbytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+        bound = max(bound, count * beta_us + link.alpha_us)
+        for port in link.ports:
+            held_us = max(beta_us, nbytes / (port_bw[port] * BYTES_PER_US_PER_GBPS))
+            port_total[port] += count * held_us
+            last = link.alpha_us - min(count, most_merged) * (held_us - beta_us)
+            port_last[port] = min(port_last.get(port, last), last)
+    return max([bound] + [total + port_last[port] for port, total in port_total.items()])

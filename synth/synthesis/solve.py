@@ -166,7 +166,7 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
         try:
             emitted = emit_verified_xml(candidate.result.schedule, request.topology, request.target,
                                         request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
-                                        max_bytes=xml.max_bytes)
+                                        max_bytes=xml.max_bytes, deadline=request.deadline)
         except BackendError as exc:
             refusals.append(f"{candidate.label}: {exc}")
             progress(f"  {candidate.label} cannot be written: {exc}")
