@@ -13,22 +13,24 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from synth.model.topology import PortUse, Topology
 
 BYTES_PER_US_PER_GBPS = 1e3
 
 
-@dataclass(frozen=True)
-class Reservation:
+class Reservation(NamedTuple):
     start_us: float
     busy_until_us: float
     arrival_us: float
 
 
 class LinkClock:
-    """Tracks when each link and switch port is next free; ``reserve`` books one transfer."""
+    """Tracks when each link and switch port is next free; ``reserve`` books one transfer.
+
+    What ``reserve`` needs of a link (alpha, bandwidth, its ports and theirs) is looked up once per link: links of composed machines are made on demand, and a replay books millions.
+    """
 
     def __init__(self, topology: Topology, alpha_occupies: bool = False):
         self.topology = topology
@@ -37,24 +39,41 @@ class LinkClock:
         self.port_free: dict[PortUse, float] = {}
         self.port_bw = topology.port_capacity()
         self.busy_us = [0.0] * len(topology.links)
+        self._costs: dict[int, tuple[float, float, tuple]] = {}
+
+    def _cost(self, link_index: int) -> tuple[float, float, tuple]:
+        """(alpha us, bytes per us, ((port, bytes per us), ...)) of a link."""
+        cost = self._costs.get(link_index)
+        if cost is None:
+            link = self.topology.links[link_index]
+            cost = (link.alpha_us, link.capacity_GBps * BYTES_PER_US_PER_GBPS,
+                    tuple((p, self.port_bw[p] * BYTES_PER_US_PER_GBPS) for p in link.ports))
+            self._costs[link_index] = cost
+        return cost
 
     def duration_us(self, link_index: int, nbytes: float) -> float:
         """Time the link's bandwidth is used by ``nbytes``."""
-        link = self.topology.links[link_index]
-        return nbytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+        return nbytes / self._cost(link_index)[1]
 
     def reserve(self, link_index: int, ready_us: float, nbytes: float) -> Reservation:
         """Book ``nbytes`` on a link no earlier than ``ready_us``; returns start, busy-until and arrival."""
-        link = self.topology.links[link_index]
-        ports = link.ports
-        start = max([ready_us, self.link_free[link_index]] + [self.port_free.get(p, 0.0) for p in ports])
-        beta_us = self.duration_us(link_index, nbytes)
-        busy = beta_us + (link.alpha_us if self.alpha_occupies else 0.0)
+        alpha_us, bytes_per_us, ports = self._cost(link_index)
+        port_free = self.port_free
+        start = self.link_free[link_index]
+        if ready_us > start:
+            start = ready_us
+        for p, _ in ports:
+            free = port_free.get(p, 0.0)
+            if free > start:
+                start = free
+        beta_us = nbytes / bytes_per_us
+        busy = beta_us + alpha_us if self.alpha_occupies else beta_us
         self.link_free[link_index] = start + busy
         self.busy_us[link_index] += busy
-        for p in ports:
-            self.port_free[p] = start + max(busy, nbytes / (self.port_bw[p] * BYTES_PER_US_PER_GBPS))
-        return Reservation(start, start + busy, start + link.alpha_us + beta_us)
+        for p, port_bytes_per_us in ports:
+            held = nbytes / port_bytes_per_us
+            port_free[p] = start + (held if held > busy else busy)
+        return Reservation(start, start + busy, start + alpha_us + beta_us)
 
 
 def load_bound_us(links: Iterable[tuple[int, int]], topology: Topology, nbytes: float,

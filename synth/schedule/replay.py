@@ -39,18 +39,25 @@ def check_links(schedule: Schedule, topology: Topology) -> list[str]:
     problems = []
     if schedule.num_ranks != topology.num_ranks:
         return [f"schedule is for {schedule.num_ranks} ranks but topology {topology.name} has {topology.num_ranks}"]
+    links: dict[tuple[int, int], object] = {}     # (src, dst) -> link, looked up once per pair
+    missing = object()
+    for t in schedule.transfers:
+        pair = (t.src, t.dst)
+        if links.get(pair, missing) is missing:
+            links[pair] = topology.link(t.src, t.dst)
+        if links[pair] is None:
+            problems.append(f"chunk {t.chunk} sent {t.src}->{t.dst} at step {t.step}, but there is no such link")
+    if schedule.rounds_per_step is None:
+        return problems
     load = Counter()
     port_load = Counter()
     for t in schedule.transfers:
-        link = topology.link(t.src, t.dst)
+        link = links[(t.src, t.dst)]
         if link is None:
-            problems.append(f"chunk {t.chunk} sent {t.src}->{t.dst} at step {t.step}, but there is no such link")
             continue
         load[(t.src, t.dst, t.step)] += 1
         for port in link.ports:
             port_load[(port, t.step)] += 1
-    if schedule.rounds_per_step is None:
-        return problems
     rounds = schedule.rounds_per_step
     for (src, dst, step), count in sorted(load.items()):
         cap = topology.link(src, dst).lanes * (rounds[step] if step < len(rounds) else 0)
@@ -65,12 +72,15 @@ def check_links(schedule: Schedule, topology: Topology) -> list[str]:
 
 
 def replay_data(schedule: Schedule) -> list[str]:
-    """Replay the transfers on multisets; return every postcondition violation (empty when correct)."""
+    """Replay the transfers on multisets; return every postcondition violation (empty when correct).
+
+    A multiset is a dict of positive counts; it is never changed once made (a reduction makes a new one), so a
+    copy shares it."""
     coll: Collective = schedule.collective
-    state: dict[tuple[int, int], Counter] = {}
+    state: dict[tuple[int, int], dict] = {}
     for c in coll.chunks:
         for rank, idx in c.initial:
-            state[(rank, c.id)] = Counter({(rank, idx): 1})
+            state[(rank, c.id)] = {(rank, idx): 1}
     problems = []
     by_step = defaultdict(list)
     for t in schedule.transfers:
@@ -91,16 +101,20 @@ def replay_data(schedule: Schedule) -> list[str]:
             if sent is None:
                 continue
             key = (t.dst, t.chunk)
-            if t.op == REDUCE and key in state:
-                state[key] = state[key] + sent
+            held = state.get(key)
+            if t.op == REDUCE and held is not None:
+                summed = dict(held)
+                for contribution, count in sent.items():
+                    summed[contribution] = summed.get(contribution, 0) + count
+                state[key] = summed
             else:
-                state[key] = Counter(sent)
+                state[key] = sent
     for c in coll.chunks:
-        want = Counter(dict(c.expected))
+        want = dict(c.expected)
         for rank, _ in c.destinations:
-            got = state.get((rank, c.id), Counter())
+            got = state.get((rank, c.id), {})
             if got != want:
-                problems.append(_describe_mismatch(rank, c.id, got, want))
+                problems.append(_describe_mismatch(rank, c.id, Counter(got), Counter(want)))
     return problems
 
 
@@ -128,10 +142,14 @@ def replay_time(schedule: Schedule, topology: Topology, size_bytes: int, reduce_
     for t in schedule.ordered():
         by_step[t.step].append(t)
     end = 0.0
+    link_of: dict[tuple[int, int], int] = {}     # looked up once per pair (composed machines search for it)
     for step in sorted(by_step):
         arrivals = []
         for t in by_step[step]:
-            link_index = topology.link_index[(t.src, t.dst)]
+            pair = (t.src, t.dst)
+            link_index = link_of.get(pair)
+            if link_index is None:
+                link_index = link_of[pair] = topology.link_index[pair]
             res = clock.reserve(link_index, ready[(t.src, t.chunk)], nbytes)
             arrive = res.arrival_us + (nbytes * reduce_us_per_byte if t.op == REDUCE else 0.0)
             arrivals.append(((t.dst, t.chunk), arrive))
