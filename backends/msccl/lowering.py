@@ -288,12 +288,14 @@ def _connection_orders_agree(plans) -> list:
 
 
 class PlannedOps:
-    """The per-rank ops of one schedule, planned once per lowering mode (fused or plain): lowering the schedule
-    again on other channels or with other merging starts from a fresh copy of them, not from the transfers."""
+    """The per-rank ops of one schedule on one topology, planned once per lowering mode (fused or plain): lowering
+    the schedule again on other channels or with other merging starts from a fresh copy of them, not from the
+    transfers. The programs lowered are kept too (a fused lowering that falls back to plain is the plain one)."""
 
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
         self._planned: dict[bool, tuple[list, object]] = {}
+        self.programs: dict[tuple, MscclProgram] = {}
 
     def plans(self, fuse: bool) -> tuple[list[_RankPlan], object]:
         """Fresh rank plans (their ops are changed by threadblock assignment) and the buffer layout."""
@@ -325,19 +327,43 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     """
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
+    key = (fuse, channels, group, target, proto, name, min_bytes, max_bytes)
+    if planned is not None and key in planned.programs:
+        return planned.programs[key]
+    program = _lower(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, fuse, channels, group,
+                     planned)
+    if planned is not None:
+        planned.programs[key] = program
+    return program
+
+
+# Rounds of unfusing the fused sends that break a connection's order before a fused lowering falls back to plain
+# sends and receives, and rounds in a row that may unfuse no fewer than the one before (no progress).
+UNFUSE_ROUNDS = 8
+UNFUSE_STALLED_ROUNDS = 3
+
+
+def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, name: str | None, min_bytes: int,
+           max_bytes: int, fuse: bool, channels: int, group: int, planned: PlannedOps | None) -> MscclProgram:
+    """:func:`lower_to_msccl` without the memo."""
     plans, layout = planned.plans(fuse) if planned is not None else _plan_ops(schedule, fuse)
     buckets = _peer_buckets(schedule)
     spread = None if channels <= 1 and buckets == 1 else _spread_over_channels(schedule, channels, group, buckets)
-    for _ in range(8):
+    unfused = []       # ops unfused per round
+    for _ in range(UNFUSE_ROUNDS):
         bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
         bad = bad or _connection_orders_agree(plans)
         if not bad:
             break
+        unfused.append(len(bad))
+        if len(unfused) >= UNFUSE_STALLED_ROUNDS and all(
+                a <= b for a, b in zip(unfused[-UNFUSE_STALLED_ROUNDS:], unfused[-UNFUSE_STALLED_ROUNDS + 1:])):
+            break      # as many bad each round: this ends unfused anyway
         bad_ids = {id(b) for b in bad}
         for plan in plans:
             extra = [_unfuse(op, plan) for op in plan.ops if id(op) in bad_ids and op.recv is not None]
             plan.ops.extend(extra)
-    else:
+    if bad:
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
                               channels, group, planned)
     coll = schedule.collective
