@@ -73,3 +73,57 @@ def test_sends_and_receives_name_the_other_end_as_msccl_tools_does(dgx1, coll):
             if recv.type == "r":
                 assert (recv.srcbuf, recv.srcoff) == (send.srcbuf, send.srcoff)
     assert plain > 0
+
+
+class _Expired:
+    expired = True
+
+
+def _count_simulations(monkeypatch):
+    import backends.msccl.writer as writer
+    calls = []
+    real = writer._simulated_us
+    monkeypatch.setattr(writer, "_simulated_us", lambda *args: (calls.append(args[0]), real(*args))[1])
+    return calls
+
+
+def test_an_expired_deadline_writes_the_first_fitted_variant_verified(monkeypatch, ring4, ring_schedule):
+    from backends.msccl.verdict import check_text
+    calls = _count_simulations(monkeypatch)
+    unhurried = emit_verified_xml(ring_schedule, ring4, "executor", 1 << 20)
+    assert len(calls) > 1                  # several variants are timed when there is time
+    calls.clear()
+    hurried = emit_verified_xml(ring_schedule, ring4, "executor", 1 << 20, deadline=_Expired())
+    assert len(calls) == 1 and hurried.lowering.label == "fused"
+    assert check_text(hurried.text, "ring.xml", "executor").valid
+    assert hurried.simulated_us >= unhurried.simulated_us
+
+
+def _every_variant(schedule, topology, size):
+    """Every fitted variant the writer may make, simulated: (sort key, simulated us, label)."""
+    from backends.msccl.fit import fit_lowering, wider_fits
+    from backends.msccl.simulate import simulate_program
+    from backends.msccl.writer import _sort_key
+    out = []
+    for fuse in (True, False):
+        fit = fit_lowering(schedule, topology, "executor", fuse)
+        for variant in wider_fits(schedule, topology, "executor", fit) if fit.fits else []:
+            time_us = simulate_program(variant.program, topology, size).time_us
+            out.append((_sort_key(time_us, variant.lowering), time_us, variant.lowering.label))
+    return sorted(out)
+
+
+@pytest.mark.parametrize("case", ["ring-4 steps", "dgx1 ring c4", "dgx1 allreduce ring c2"])
+def test_variants_left_unmade_could_not_have_won(case, ring4, dgx1, ring_schedule):
+    """The writer stops making variants at a bound no variant beats: it writes what trying all of them would."""
+    from backends.msccl.writer import _floor_us
+    from synth.synthesis.baselines import build_baseline
+    topology, schedule = {"ring-4 steps": (ring4, ring_schedule),
+                          "dgx1 ring c4": (dgx1, build_baseline("ring", "allgather", dgx1, 4)),
+                          "dgx1 allreduce ring c2": (dgx1, build_baseline("ring", "allreduce", dgx1, 2))}[case]
+    size = 1 << 20
+    every = _every_variant(schedule, topology, size)
+    emitted = emit_verified_xml(schedule, topology, "executor", size)
+    assert (emitted.simulated_us, emitted.lowering.label) == (every[0][1], every[0][2])
+    floor = _floor_us(schedule, emitted.program, topology, size)
+    assert all(time_us >= floor * (1 - 1e-12) for _, time_us, _ in every)
