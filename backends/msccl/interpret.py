@@ -576,14 +576,21 @@ def _check_postcondition(coll: Collective | None, run: RunOutcome, outputs: dict
 
 
 def _mismatches(coll: Collective, run: RunOutcome, outputs: dict) -> list[Finding]:
+    """Every output that does not hold what the collective expects there, by rank and output index (the expected
+    multiset of a chunk is made once for all its destinations: an Allreduce chunk has one per rank)."""
+    wrong = []
+    for chunk in coll.chunks:
+        want = None
+        for rank, k in chunk.destinations:
+            got = outputs.get((rank, k))
+            if got is None:
+                slot = run.layout.key(rank, "o", k)
+                got = _counter(run.memory[rank].get(slot, _EMPTY) if rank < len(run.memory) else _EMPTY)
+            want = want if want is not None else dict(chunk.expected)
+            if not dict.__eq__(got, want):
+                wrong.append((rank, k, got, Counter(want)))
     findings = []
-    for (rank, k), want in sorted(coll.expected_outputs().items()):
-        got = outputs.get((rank, k))
-        if got is None:
-            slot = run.layout.key(rank, "o", k)
-            got = _counter(run.memory[rank].get(slot, _EMPTY) if rank < len(run.memory) else _EMPTY)
-        if dict.__eq__(got, want):
-            continue
+    for rank, k, got, want in sorted(wrong, key=lambda entry: entry[:2]):
         key = run.layout.key(rank, "o", k)
         writer = run.last_writer.get((rank, key))
         findings.append(Finding("postcondition", _describe_mismatch(coll, rank, k, got, want, writer), gpu=rank))

@@ -21,6 +21,7 @@ Rendering is a pure function through a jinja2 template. Files are written only t
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -304,12 +305,18 @@ class PlannedOps:
         kept, layout = self._planned[fuse]
         plans = []
         for plan in kept:
-            fresh = _RankPlan.__new__(_RankPlan)
-            fresh.__dict__.update(plan.__dict__)
-            fresh.ops = [_Op(op.kind, op.recv, op.send, op.src, op.dst, op.position, op.tb_key, op.deps, op.writes)
-                         for op in plan.ops]
+            fresh = copy.copy(plan)
+            fresh.ops = [_copy_op(op) for op in plan.ops]
             plans.append(fresh)
         return plans, layout
+
+
+def _copy_op(op: _Op) -> _Op:
+    """A shallow copy of an op (its fields are values or the schedule's transfers), a third of ``_Op(...)``'s
+    cost."""
+    fresh = object.__new__(_Op)
+    fresh.__dict__ = op.__dict__.copy()
+    return fresh
 
 
 def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = None, target: str = "executor",

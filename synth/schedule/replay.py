@@ -103,10 +103,7 @@ def replay_data(schedule: Schedule) -> list[str]:
             key = (t.dst, t.chunk)
             held = state.get(key)
             if t.op == REDUCE and held is not None:
-                summed = dict(held)
-                for contribution, count in sent.items():
-                    summed[contribution] = summed.get(contribution, 0) + count
-                state[key] = summed
+                state[key] = _sum(held, sent)
             else:
                 state[key] = sent
     for c in coll.chunks:
@@ -116,6 +113,16 @@ def replay_data(schedule: Schedule) -> list[str]:
             if got != want:
                 problems.append(_describe_mismatch(rank, c.id, Counter(got), Counter(want)))
     return problems
+
+
+def _sum(a: dict, b: dict) -> dict:
+    """The sum of two multisets: a copy of the larger (in C) with the smaller added in."""
+    if len(a) < len(b):
+        a, b = b, a
+    out = dict(a)
+    for contribution, count in b.items():
+        out[contribution] = out.get(contribution, 0) + count
+    return out
 
 
 def _describe_mismatch(rank: int, chunk: int, got: Counter, want: Counter) -> str:
