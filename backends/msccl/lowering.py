@@ -398,11 +398,15 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
     other in a cycle (a deadlock; 4 x dgx-h100 on rails, ring Allgather).
     """
     previous = {}
+    egress: dict[tuple[int, int], object] = {}     # (src, dst) -> the sender's egress port, or None
     for op in sorted((o for o in ops if o.send is not None), key=lambda o: o.position):
-        link = topology.link(op.send.src, op.send.dst)
-        if link is None or not link.ports:
+        pair = (op.send.src, op.send.dst)
+        if pair not in egress:
+            link = topology.link(*pair)
+            egress[pair] = link.ports[0] if link is not None and link.ports else None
+        port = egress[pair]
+        if port is None:
             continue
-        port = link.ports[0]         # the sender's egress port
         before = previous.get(port)
         # (the same connection on another channel shares the link itself, which serves its messages in turn)
         # a fused op's receive would wait too: with FIFO back-pressure that closes cycles through the relays
@@ -507,8 +511,18 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
         for i, op in enumerate(by_tb[k]):
             where[id(op)] = (k, i)
     # only an in-place program's i and o alias (an out-of-place one waiting for them only stalls)
-    _add_dependencies(plan.ops, (lambda slot: _memory_key(slot, coll, plan.rank)) if inplace
-                      else (lambda slot: slot))
+    if inplace:
+        memory: dict = {}
+
+        def key(slot):
+            where = memory.get(slot)
+            if where is None:
+                where = memory[slot] = _memory_key(slot, coll, plan.rank)
+            return where
+    else:
+        def key(slot):
+            return slot
+    _add_dependencies(plan.ops, key)
     if topology is not None:
         _order_shared_ports(plan.ops, topology)
     published = {id(d) for op in plan.ops for d in op.deps}
