@@ -78,6 +78,7 @@ from backends.msccl.limits import MAX_CNT, connection_findings
 
 from synth.model.collectives import ROOTED, Chunk, Collective, make_collective, normalize_name
 from synth.errors import InputError
+from synth.schedule.replay import add_multisets
 from backends.msccl.findings import Finding
 
 VERDICT_FIFO_DEPTH = 1
@@ -647,20 +648,6 @@ def _describe_mismatch(coll, rank, k, got: Counter, want: Counter, writer: Ref |
 _EMPTY: dict = {}  # the empty multiset; never mutated (multisets are treated as values)
 
 
-def _add(a: dict, b: dict) -> dict:
-    """Sum of two multisets of contributions (plain dicts: much faster than Counter's ``+``).
-
-    Copies the larger one and adds the smaller in, so a growing partial sum plus one local chunk costs one
-    C-level copy and O(1) Python work.
-    """
-    if len(a) < len(b):
-        a, b = b, a
-    out = dict(a)
-    for key, m in b.items():
-        out[key] = out.get(key, 0) + m
-    return out
-
-
 class _Message(NamedTuple):
     """A message in flight (a NamedTuple: one is built per send, and a frozen dataclass costs 3x as much)."""
 
@@ -837,11 +824,13 @@ class _Machine:
         if rec:
             value = self._received(msg, cnt, ref, step)
             if red:
-                value = [_add(a, b) for a, b in zip(value, self._read(t, ref, step.srcbuf, step.srcoff, cnt, step))]
+                local = self._read(t, ref, step.srcbuf, step.srcoff, cnt, step)
+                value = [add_multisets(a, b) for a, b in zip(value, local)]
         else:
             value = self._read(t, ref, step.srcbuf, step.srcoff, cnt, step)
             if red:
-                value = [_add(a, b) for a, b in zip(self._read(t, ref, step.dstbuf, step.dstoff, cnt, step), value)]
+                held = self._read(t, ref, step.dstbuf, step.dstoff, cnt, step)
+                value = [add_multisets(a, b) for a, b in zip(held, value)]
         if writes:
             self._write(t, ref, step.dstbuf, step.dstoff, value, step)
         return tuple(value)

@@ -29,7 +29,8 @@ class Reservation(NamedTuple):
 class LinkClock:
     """Tracks when each link and switch port is next free; ``reserve`` books one transfer.
 
-    What ``reserve`` needs of a link (alpha, bandwidth, its ports and theirs) is looked up once per link: links of composed machines are made on demand, and a replay books millions.
+    What ``reserve`` needs of a link (alpha, bandwidth, its ports and theirs) is looked up once per link: links
+    of composed machines are made on demand, and a replay books millions.
     """
 
     def __init__(self, topology: Topology, alpha_occupies: bool = False):
