@@ -173,6 +173,33 @@ def nodes_option(help_text: str = "Compose this many copies of a single-node top
     return decorate
 
 
+def workers_options(work: str, workers_help: str):
+    """``--workers N`` and ``--scheduler ADDRESS``: where ``work`` runs (the command takes ``workers, scheduler``
+    and calls :func:`check_workers` before any work)."""
+    options = [
+        click.option("--workers", type=click.IntRange(1, MAX_SOLVER_THREADS), default=None, help=workers_help),
+        click.option("--scheduler", default=None, metavar="ADDRESS",
+                     help=f"Run {work} on a Dask distributed cluster, e.g. tcp://host:8786 (pip install "
+                          "distributed; synth importable on its workers)."),
+    ]
+
+    def decorate(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+    return decorate
+
+
+def check_workers(workers: int | None, scheduler: str | None) -> None:
+    """Refuse ``--workers`` with ``--scheduler``, and a scheduler address that cannot be read, before any work."""
+    if workers is not None and scheduler:
+        raise click.UsageError("give --workers or --scheduler, not both")
+    if scheduler is not None:
+        from synth.synthesis.parallel import check_scheduler_address
+
+        check_scheduler_address(scheduler)
+
+
 def check_root(collective: str, root: int | None) -> None:
     """Refuse ``--root`` for a collective that has none (it used to be ignored without a word)."""
     from synth.model.collectives import ROOTED, normalize_name
