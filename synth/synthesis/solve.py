@@ -203,9 +203,10 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
         if request.deadline.expired:
             take(candidate)
             continue
-        # what the loop may still write, written ahead on the executor (a replay slower than a simulated file
-        # now stays slower: the best only improves)
-        writer.ahead([candidate] + [c for c in pending if c.report.time_us < best or is_baseline(c)])
+        # written ahead on the executor: first what the loop will surely write (the baselines), then what it may
+        # (a replay slower than a simulated file now stays slower: the best only improves)
+        writer.ahead([candidate] + [c for c in pending if is_baseline(c)]
+                     + [c for c in pending if c.report.time_us < best and not is_baseline(c)])
         if not take(candidate, request.deadline):
             pending.insert(0, candidate)    # the time ran out while it was written: the branch above decides
     if not any(eligible(w) for w in written):
