@@ -16,6 +16,12 @@ Under a deadline (``request.deadline``, ``synth solve --time-limit``) the search
 deadline (phases that cannot start are skipped, HiGHS calls get the time left), and candidates are written
 fastest first until the command's deadline passes: the best verified file found by then is the answer, and the
 solution says that the time limit cut the search (:attr:`Solution.time_limited`).
+
+Writing is the slow part at cluster scale (minutes per candidate at 64-256 GPUs), and each write is independent:
+with an executor (``synth solve --workers N`` or ``--scheduler``, :mod:`synth.synthesis.parallel`) candidates are
+written ahead, several at once, while the loop above still takes each file in its own order and applies its own
+rule, so the choice and the file are those of the one-by-one run. At the deadline, writes still running are
+dropped; files written ahead by then count.
 """
 
 from __future__ import annotations
