@@ -31,6 +31,7 @@ import functools
 import math
 import os
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -242,14 +243,17 @@ class _Writer:
         self.slots = max(1, slots) if executor is not None else 0
         self.futures: dict[int, cf.Future] = {}
 
-    def _job(self, candidate: Candidate, deadline: Deadline | None = None) -> Callable[[], EmittedXml]:
-        """Writing ``candidate``'s file, as a call that can be pickled to a worker; announced here. ``deadline``
-        (for a write run here: a worker's clock may be another machine's) stops the writer's optional variants."""
+    def _job(self, candidate: Candidate, here: bool = False) -> Callable[[], EmittedXml]:
+        """Writing ``candidate``'s file (in this process when ``here``), as a call that can be pickled to a
+        worker; announced here. The command's deadline stops the writer's optional variants where its clock
+        means the same: here, or in a local worker on this machine's monotonic clock."""
         self.progress(f"  writing {candidate.label} as MSCCL XML (lower, lint, execute, simulate)")
         request, xml = self.request, self.xml
+        same_clock = here or (isinstance(self.executor, cf.ProcessPoolExecutor)
+                              and request.deadline.clock is time.monotonic)
         return functools.partial(emit_verified_xml, candidate.result.schedule, request.topology, request.target,
                                  request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
-                                 max_bytes=xml.max_bytes, deadline=deadline)
+                                 max_bytes=xml.max_bytes, deadline=request.deadline if same_clock else None)
 
     def ahead(self, upcoming: list[Candidate]) -> None:
         """Keep up to ``slots`` writes in flight, taken from ``upcoming`` in its order."""
@@ -279,7 +283,7 @@ class _Writer:
         not started ahead runs here (then the deadline does not cut it)."""
         future = self.futures.get(id(candidate))
         if future is None:
-            return self._job(candidate, self.request.deadline)()
+            return self._job(candidate, here=True)()
         try:
             result = future.result(None if deadline is None or not deadline.bounded else deadline.remaining_s())
         except cf.TimeoutError:
