@@ -4,7 +4,9 @@
 send/receive threadblocks, which are deadlock-free even with rendezvous sends), each fitted to the runtime's limits
 and the GPU's SM count by :func:`backends.msccl.fit.fit_lowering` (connections spread over channels, contiguous
 chunks merged into ``cnt > 1`` steps only as far as needed; a few wider spreads besides). The simulator times
-every variant on the topology at the requested size (with the runtime's FIFO depth), and they are judged fastest
+each variant on the topology at the requested size (with the runtime's FIFO depth); variants are made lazily and
+no more once none still to come could sort first (a sound bound from the schedule's link and port loads; the
+command's deadline also stops them once one fits), and they are judged fastest
 first (a fused one wins ties within 1%: fewer threadblocks, no cross-threadblock synchronisation): the variant is
 rendered, the *text* is parsed back with our parser and judged by :func:`backends.msccl.verdict.check_text` for
 the target, exactly as ``synth check`` judges a file (lexical rules, runtime rules and limits, data-exact
