@@ -73,6 +73,13 @@ DIRECT_EXCHANGE = "direct-exchange"
 MAX_EXCHANGE_TRANSFERS = 1 << 17
 # Clique partitions tried per factorization of a node (the built-in nodes need one or two).
 MAX_PARTITIONS_TRIED = 64
+# Largest group of one phase. A rank's buffer is read by every peer of its group before its first reduction may
+# write it, and the MSCCL lowering makes that reduction wait on each of those sends, chunk by chunk (a message
+# carries all ``num_ranks`` chunks of the Allreduce): group x ranks up to 128 fits the executor's 64 steps per
+# threadblock (8 x 16 on dgx-h100 x2 and on a DGX-2 node does; 8 x 32 on dgx2-2node-tecc does not). A larger
+# clique is exchanged in two phases (one more alpha).
+MAX_EXCHANGE_GROUP = 8
+MAX_GROUP_TIMES_RANKS = 128
 
 Group = tuple[int, ...]
 
@@ -129,9 +136,10 @@ def _partitions(ranks: Group, size: int, fits: Callable[[tuple[int, ...], int], 
     return extend(ranks, [])
 
 
-def exchange_phases(topology: Topology, ranks: Group) -> tuple[tuple[Group, ...], ...] | None:
-    """Phases of cliques whose exchanges sum ``ranks`` in as few hops as possible (one phase if they are all
-    linked, else two that factor them); None when neither exists.
+def exchange_phases(topology: Topology, ranks: Group, max_group: int = MAX_EXCHANGE_GROUP
+                    ) -> tuple[tuple[Group, ...], ...] | None:
+    """Phases of cliques of at most ``max_group`` ranks whose exchanges sum ``ranks`` in as few hops as possible
+    (one phase if they are all linked, else two that factor them); None when neither exists.
 
     >>> from synth.model.topology import load_topology
     >>> exchange_phases(load_topology("fully-connected-4"), (0, 1, 2, 3))
@@ -140,13 +148,13 @@ def exchange_phases(topology: Topology, ranks: Group) -> tuple[tuple[Group, ...]
     True
     """
     linked = _linked(topology)
-    if len(ranks) <= 1:
-        return ()
-    if all(linked(a, b) for i, a in enumerate(ranks) for b in ranks[i + 1:]):
-        return ((ranks,),)
     m = len(ranks)
-    for a in sorted((d for d in range(2, m) if m % d == 0), reverse=True):
-        clique = lambda group, r: all(linked(g, r) for g in group)     # noqa: E731
+    if m <= 1:
+        return ()
+    if m <= max_group and all(linked(a, b) for i, a in enumerate(ranks) for b in ranks[i + 1:]):
+        return ((ranks,),)
+    clique = lambda group, r: all(linked(g, r) for g in group)     # noqa: E731
+    for a in sorted((d for d in range(2, m) if m % d == 0 and max(d, m // d) <= max_group), reverse=True):
         for tried, first in enumerate(_partitions(ranks, a, clique)):
             if tried >= MAX_PARTITIONS_TRIED:
                 break
@@ -188,11 +196,13 @@ def direct_exchange_routes(topology: Topology, collective: str, root) -> Routes:
     nodes = [tuple(range(k * per_node, (k + 1) * per_node)) for k in range(topology.num_nodes)]
     messages: list[Message] = []
     all_phases = []
+    max_group = min(MAX_EXCHANGE_GROUP, MAX_GROUP_TIMES_RANKS // n)
     for node in nodes:
-        phases = exchange_phases(topology, node)
+        phases = exchange_phases(topology, node, max_group)
         if phases is None:
             raise not_applicable(DIRECT_EXCHANGE, f"the ranks {node[0]}..{node[-1]} of topology {topology.name} "
-                                 "neither are all linked nor factor into two phases of linked groups")
+                                 f"neither form one linked group of at most {max_group} nor factor into two "
+                                 "phases of such groups")
         all_phases.append(phases)
         for step, phase in enumerate(phases):
             messages += [Message(step, a, b, REDUCE) for g in phase for a in g for b in g if a != b]
