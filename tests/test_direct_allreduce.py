@@ -9,7 +9,7 @@ from synth.bounds.physical import lower_bound
 from synth.errors import InputError
 from synth.model.topology import load_topology
 from synth.schedule.replay import verify
-from synth.synthesis.baselines import build_baseline
+from synth.synthesis.baselines import build_baseline, evaluate_baselines
 from synth.synthesis.baselines.all_pairs import DIRECT_EXCHANGE, exchange_phases
 
 KB = 1024
@@ -57,3 +57,10 @@ def test_says_why_it_does_not_apply(name, reason):
     with pytest.raises(InputError) as info:
         build_baseline(DIRECT_EXCHANGE, "allreduce", load_topology(name))
     assert info.value.problem == reason
+
+
+def test_it_is_the_fastest_runnable_baseline_at_1kb_on_dgx1():
+    table = evaluate_baselines("allreduce", load_topology("dgx1"), KB)
+    best = table.best(runnable_only=True)
+    assert best.name == DIRECT_EXCHANGE       # so `synth solve` writes and simulates it at small sizes
+    assert best.report.time_us < min(r.report.time_us for r in table.runs if r.name == "recursive-doubling")
