@@ -99,10 +99,10 @@ class ExchangeRoutes(Routes):
     """A fixed list of whole-buffer messages; every chunk of the Allreduce follows all of them."""
 
     def __init__(self, messages: tuple[Message, ...], phases: tuple[tuple[tuple[Group, ...], ...], ...],
-                 node_senders: int):
+                 cross_node_messages: int):
         self.messages = messages
         self.phases = phases
-        self.node_senders = node_senders
+        self.cross_node_messages = cross_node_messages
 
     def explicit(self, collective: Collective) -> list[Transfer]:
         return [Transfer(c.id, m.src, m.dst, m.step, m.op) for m in self.messages for c in collective.chunks]
@@ -110,7 +110,7 @@ class ExchangeRoutes(Routes):
     def describe(self) -> dict:
         # the first node's phases stand for every node's (composed nodes are copies)
         return {"exchange_groups": [[list(g) for g in phase] for phase in self.phases[0]],
-                "cross_node_messages": self.node_senders}
+                "cross_node_messages": self.cross_node_messages}
 
 
 def _linked(topology: Topology) -> Callable[[int, int], bool]:
