@@ -42,18 +42,19 @@ from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
 from synth.schedule.replay import ReplayReport, verify
+from synth.solver.deadline import UNBOUNDED, Deadline
 from synth.synthesis.baselines.all_pairs import all_pairs_routes
 from synth.synthesis.baselines.doubling import doubling_routes
 from synth.synthesis.baselines.hierarchical import hierarchical_routes
-from synth.synthesis.baselines.plans import (DEFAULT_ORDER_BYTES, Routes, check_links, not_applicable, order_plans,
-                                             plan_collective)
+from synth.synthesis.baselines.plans import (DEFAULT_ORDER_BYTES, Routes, check_links, count_transfers,
+                                             not_applicable, order_plans, plan_collective)
 from synth.synthesis.baselines.rings import bidir_ring_routes, find_ring, multi_ring_routes, pack_rings, ring_routes
 from synth.synthesis.baselines.trees import double_tree_routes
 
 # ----------------------------------------------------------------------------------------------- registry
 
-# Transfers a baseline schedule may hold beyond its fewest-chunk version (256 GPUs: a ring Allgather with 2 chunks
-# per rank is 130k transfers; with 4 it would be 261k).
+# Transfers a baseline schedule may hold (256 GPUs: a ring Allgather with 2 chunks per rank is 130k transfers; with
+# 4 it would be 261k, and an Alltoall relayed around the ring 8.4M).
 MAX_BASELINE_TRANSFERS = 1 << 17
 _ALL = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall", "gather", "scatter")
 
@@ -88,7 +89,8 @@ BASELINES = MappingProxyType({b.name: b for b in (
 
 
 def build_baseline(name: str, collective_name: str, topology: Topology, chunks_per_rank: int = 1,
-                   root: int | None = None, order_bytes: float = DEFAULT_ORDER_BYTES) -> Schedule:
+                   root: int | None = None, order_bytes: float = DEFAULT_ORDER_BYTES,
+                   routes: Routes | None = None) -> Schedule:
     """Build a baseline schedule.
 
     Parameters
@@ -103,6 +105,9 @@ def build_baseline(name: str, collective_name: str, topology: Topology, chunks_p
         Root of rooted collectives (default 0).
     order_bytes : float
         Size (nccl-tests' convention, bytes) at which the issue order is tuned; any size verifies.
+    routes : Routes, optional
+        The baseline's routing on ``topology`` for this collective and root, when the caller has it already
+        (finding rings and trees on a cluster takes seconds); default: found here.
 
     Raises
     ------
@@ -117,7 +122,7 @@ def build_baseline(name: str, collective_name: str, topology: Topology, chunks_p
         raise not_applicable(name, f"does not implement {cname}; it implements {', '.join(spec.collectives)}")
     if chunks_per_rank < 1:
         raise InputError("--chunks", "", f"must be at least 1, got {chunks_per_rank}")
-    routes = spec.routes(topology, cname, root)
+    routes = spec.routes(topology, cname, root) if routes is None else routes
     coll = make_collective(cname, topology.num_ranks, chunks_per_rank * routes.ways, root)
     transfers = routes.explicit(coll)
     if transfers is None:
@@ -131,18 +136,22 @@ def build_baseline(name: str, collective_name: str, topology: Topology, chunks_p
 
 def baseline_status(collective_name: str, topology: Topology, root: int | None = None) -> dict[str, str | None]:
     """For every baseline, None if it applies to the collective on the topology, else the reason it does not."""
-    cname = normalize_name(collective_name)
-    status = {}
+    return {name: None if isinstance(found, Routes) else found
+            for name, found in _routings(normalize_name(collective_name), topology, root).items()}
+
+
+def _routings(cname: str, topology: Topology, root: int | None) -> dict[str, Routes | str]:
+    """Every baseline's routing of the collective on the topology, or the reason it has none."""
+    found: dict[str, Routes | str] = {}
     for name, spec in BASELINES.items():
         if cname not in spec.collectives:
-            status[name] = f"does not implement {cname}"
+            found[name] = f"does not implement {cname}"
             continue
         try:
-            spec.routes(topology, cname, root)
-            status[name] = None
+            found[name] = spec.routes(topology, cname, root)
         except InputError as exc:
-            status[name] = exc.problem
-    return status
+            found[name] = exc.problem
+    return found
 
 
 @dataclass(frozen=True)
@@ -195,37 +204,85 @@ class BaselineTable:
         return best
 
 
+@dataclass(frozen=True)
+class _Option:
+    """One baseline at one chunk count, before it is built: its routing and how many transfers it will hold."""
+
+    name: str
+    chunks_per_way: int
+    routes: Routes
+    transfers: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/c{self.chunks_per_way}"
+
+
 def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
                        chunk_options: tuple[int, ...] = (1, 2, 4),
-                       progress: Callable[[str], None] = lambda message: None) -> BaselineTable:
+                       progress: Callable[[str], None] = lambda message: None, deadline: Deadline = UNBOUNDED,
+                       max_transfers: int | None = None) -> BaselineTable:
     """Build and replay every applicable baseline for each of ``chunk_options`` at ``size_bytes``.
 
-    On large machines a baseline's transfers grow with ranks squared times chunks: a chunk count whose schedule
-    would exceed :data:`MAX_BASELINE_TRANSFERS` is skipped (the reason is kept), because building, replaying and
-    writing it would cost minutes while its fewer-chunk version still stands for it.
+    On large machines a baseline's transfers grow with ranks squared times chunks (ranks cubed for an Alltoall
+    relayed around a ring): each schedule's transfers are counted from its routing before it is built
+    (:func:`~synth.synthesis.baselines.plans.count_transfers`), and one over ``max_transfers`` (default
+    :data:`MAX_BASELINE_TRANSFERS`) is not built, because building, replaying and writing it would cost minutes.
+    Once ``deadline`` has passed no further baseline is built. Either way the reason is kept in
+    :attr:`BaselineTable.reasons` and told to ``progress``, and the table is never left empty where a baseline
+    applies: if none is within the budget, or the deadline passed before any was built, the one with the fewest
+    transfers is built all the same (the runtime's own choice must always compete).
 
     >>> from synth.model.topology import load_topology
     >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20)
     >>> table.best().name, table.best().report.time_us > 0
     ('bidir-ring', True)
+    >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20, max_transfers=12)
+    >>> [run.name for run in table.runs], [reason for reason in table.reasons if "budget" in reason][0]
+    (['ring'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12')
     """
-    runs, reasons = [], []
-    for name, reason in baseline_status(collective_name, topology, root).items():
-        if reason is not None:
-            reasons.append(f"{name}: {reason}")
+    cname = normalize_name(collective_name)
+    budget = MAX_BASELINE_TRANSFERS if max_transfers is None else max_transfers
+    reasons, options = [], []
+    for name, routes in _routings(cname, topology, root).items():
+        if not isinstance(routes, Routes):
+            reasons.append(f"{name}: {routes}")
             continue
-        smallest = None      # transfers of the fewest-chunk version built
-        for chunks in sorted(chunk_options):
-            if smallest is not None and smallest[1] * chunks // smallest[0] > MAX_BASELINE_TRANSFERS:
-                reasons.append(f"{name}/c{chunks}: about {smallest[1] * chunks // smallest[0]} transfers, over "
-                               f"{MAX_BASELINE_TRANSFERS} (fewer chunks stand for it)")
+        options += [_Option(name, chunks, routes, count_transfers(cname, topology.num_ranks, chunks * routes.ways,
+                                                                  routes, root)) for chunks in sorted(chunk_options)]
+    pending = [o for o in options if o.transfers <= budget]
+    if options and not pending:
+        pending = [min(options, key=lambda o: o.transfers)]
+        reasons.append(f"{pending[0].label}: {pending[0].transfers} transfers, over the budget of {budget}, built "
+                       "all the same (no baseline has fewer)")
+        progress(f"  baseline {reasons[-1]}")
+    for name in dict.fromkeys(o.name for o in options):
+        over = [o for o in options if o.name == name and o not in pending]
+        if over:
+            reasons.append(f"{name}/c{', c'.join(str(o.chunks_per_way) for o in over)}: "
+                           f"{', '.join(str(o.transfers) for o in over)} transfers, over the budget of {budget}")
+            progress(f"  baseline {reasons[-1]}")
+    runs = []
+    while pending:
+        if deadline.expired:
+            if runs:
                 break
-            schedule = build_baseline(name, collective_name, topology, chunks, root, order_bytes=size_bytes)
-            report = verify(schedule, topology, size_bytes)
-            runs.append(BaselineRun(name, chunks, schedule, report))
-            smallest = smallest or (chunks, len(schedule.transfers))
-            progress(f"  baseline {name}/c{chunks}: {report.time_us:.2f} us ({len(schedule.transfers)} transfers)")
-    return BaselineTable(normalize_name(collective_name), topology.name, size_bytes, tuple(runs), tuple(reasons))
+            pending.sort(key=lambda o: o.transfers)     # out of time with none built: the quickest one
+        option = pending.pop(0)
+        try:
+            schedule = build_baseline(option.name, cname, topology, option.chunks_per_way, root,
+                                      order_bytes=size_bytes, routes=option.routes)
+        except InputError as exc:
+            reasons.append(f"{option.label}: {exc.problem}")
+            continue
+        report = verify(schedule, topology, size_bytes)
+        runs.append(BaselineRun(option.name, option.chunks_per_way, schedule, report))
+        progress(f"  baseline {option.label}: {report.time_us:.2f} us ({len(schedule.transfers)} transfers)")
+    if pending:
+        reasons.append(f"{', '.join(o.label for o in options if o in pending)}: not built, the time limit was "
+                       "reached")
+        progress(f"  baseline {reasons[-1]}")
+    return BaselineTable(cname, topology.name, size_bytes, tuple(runs), tuple(reasons))
 
 
 def best_baseline(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,

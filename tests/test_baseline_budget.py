@@ -1,0 +1,66 @@
+"""The baseline table's budget: schedules are counted before they are built, skipped over the transfer budget
+or past the deadline with the reason, and the table never ends up empty where a baseline applies."""
+
+from __future__ import annotations
+
+from synth.model.topology import load_topology
+from synth.solver.deadline import Deadline
+from synth.synthesis.baselines import evaluate_baselines
+from synth.synthesis.request import SynthesisRequest
+
+MB = 1 << 20
+
+
+def built(table) -> list[str]:
+    return [f"{run.name}/c{run.chunks_per_way}" for run in table.runs]
+
+
+def test_relayed_alltoall_over_the_budget_is_skipped_and_the_direct_one_built():
+    # fully-connected-8 Alltoall: around the ring a chunk is relayed over 1..7 hops (224 transfers), directly 56
+    heard = []
+    table = evaluate_baselines("alltoall", load_topology("fully-connected-8"), MB, max_transfers=100,
+                               progress=heard.append)
+    assert built(table) == ["all-pairs/c1"]
+    assert len(table.runs[0].schedule.transfers) == 56
+    over = [r for r in table.reasons if "budget" in r]
+    assert over == ["ring/c1, c2, c4: 224, 448, 896 transfers, over the budget of 100",
+                    "bidir-ring/c1, c2, c4: 256, 512, 1024 transfers, over the budget of 100",
+                    "multi-ring/c1, c2, c4: 408, 816, 1632 transfers, over the budget of 100",
+                    "all-pairs/c2, c4: 112, 224 transfers, over the budget of 100"]
+    assert heard[:4] == [f"  baseline {r}" for r in over]
+    assert heard[4].startswith("  baseline all-pairs/c1: ") and heard[4].endswith(" us (56 transfers)")
+
+
+def test_when_every_baseline_is_over_the_budget_the_cheapest_is_built_all_the_same():
+    table = evaluate_baselines("alltoall", load_topology("fully-connected-8"), MB, max_transfers=10)
+    assert built(table) == ["all-pairs/c1"]
+    assert "all-pairs/c1: 56 transfers, over the budget of 10, built all the same (no baseline has fewer)" \
+        in table.reasons
+    assert table.best(runnable_only=True).name == "all-pairs"
+
+
+def test_an_expired_deadline_builds_only_the_cheapest():
+    table = evaluate_baselines("allgather", load_topology("ring-4"), MB, deadline=Deadline(0.0))
+    # ring/c1 has 12 transfers; bidir-ring and multi-ring already 24 with one chunk per ring
+    assert built(table) == ["ring/c1"]
+    assert table.reasons[-1] == ("ring/c2, ring/c4, bidir-ring/c1, bidir-ring/c2, bidir-ring/c4, multi-ring/c1, "
+                                 "multi-ring/c2, multi-ring/c4: not built, the time limit was reached")
+
+
+def test_a_deadline_passing_during_the_first_build_stops_after_it():
+    now = [0.0]
+    deadline = Deadline.after(5.0, clock=lambda: now[0])
+
+    def hear(message):
+        now[0] = 10.0       # the first baseline took 10 s
+
+    table = evaluate_baselines("allgather", load_topology("ring-4"), MB, deadline=deadline, progress=hear)
+    assert built(table) == ["ring/c1"]
+    assert table.reasons[-1] == ("ring/c2, ring/c4, bidir-ring/c1, bidir-ring/c2, bidir-ring/c4, multi-ring/c1, "
+                                 "multi-ring/c2, multi-ring/c4: not built, the time limit was reached")
+
+
+def test_the_request_builds_its_baselines_within_its_search_deadline():
+    request = SynthesisRequest(load_topology("ring-4"), "allgather", MB, deadline=Deadline(0.0))
+    assert built(request.baselines) == ["ring/c1"]
+    assert request.baselines.reasons[-1].endswith("not built, the time limit was reached")
