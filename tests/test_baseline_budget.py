@@ -23,18 +23,18 @@ def test_relayed_alltoall_over_the_budget_is_skipped_and_the_direct_one_built():
     assert built(table) == ["all-pairs/c1"]
     assert len(table.runs[0].schedule.transfers) == 56
     over = [r for r in table.reasons if "budget" in r]
-    assert over == ["ring/c1, c2, c4: 224, 448, 896 transfers, over the budget of 100",
-                    "bidir-ring/c1, c2, c4: 256, 512, 1024 transfers, over the budget of 100",
-                    "multi-ring/c1, c2, c4: 408, 816, 1632 transfers, over the budget of 100",
-                    "all-pairs/c2, c4: 112, 224 transfers, over the budget of 100"]
-    assert heard[:4] == [f"  baseline {r}" for r in over]
-    assert heard[4].startswith("  baseline all-pairs/c1: ") and heard[4].endswith(" us (56 transfers)")
+    assert over == ["ring/c1, c2, c4: 224, 448, 896 transfers, over the budget of 100 per baseline",
+                    "bidir-ring/c1, c2, c4: 256, 512, 1024 transfers, over the budget of 100 per baseline",
+                    "multi-ring/c1, c2, c4: 408, 816, 1632 transfers, over the budget of 100 per baseline",
+                    "all-pairs/c2, c4: 112, 224 transfers, over the budget of 100 per baseline"]
+    assert heard[:5] == [f"  baseline {r}" for r in over] + ["  baseline all-pairs/c1: building 56 transfers"]
+    assert heard[5].startswith("  baseline all-pairs/c1: ") and heard[5].endswith(" us (56 transfers)")
 
 
 def test_when_every_baseline_is_over_the_budget_the_cheapest_is_built_all_the_same():
     table = evaluate_baselines("alltoall", load_topology("fully-connected-8"), MB, max_transfers=10)
     assert built(table) == ["all-pairs/c1"]
-    assert "all-pairs/c1: 56 transfers, over the budget of 10, built all the same (no baseline has fewer)" \
+    assert "all-pairs/c1: 56 transfers, over the budget of 10 per baseline, built all the same (no baseline has fewer)" \
         in table.reasons
     assert table.best(runnable_only=True).name == "all-pairs"
 
@@ -52,7 +52,8 @@ def test_a_deadline_passing_during_the_first_build_stops_after_it():
     deadline = Deadline.after(5.0, clock=lambda: now[0])
 
     def hear(message):
-        now[0] = 10.0       # the first baseline took 10 s
+        if message.endswith(" us (12 transfers)"):
+            now[0] = 10.0       # the first baseline took 10 s
 
     table = evaluate_baselines("allgather", load_topology("ring-4"), MB, deadline=deadline, progress=hear)
     assert built(table) == ["ring/c1"]
@@ -64,3 +65,20 @@ def test_the_request_builds_its_baselines_within_its_search_deadline():
     request = SynthesisRequest(load_topology("ring-4"), "allgather", MB, deadline=Deadline(0.0))
     assert built(request.baselines) == ["ring/c1"]
     assert request.baselines.reasons[-1].endswith("not built, the time limit was reached")
+
+
+def test_the_table_budget_gives_every_baseline_one_chunk_before_any_gets_more():
+    # dgx1 Allgather: ring and recursive-doubling hold 56 transfers per chunk per rank, bidir-ring 112 and
+    # multi-ring (6 rings) 336 with one chunk per ring
+    heard = []
+    table = evaluate_baselines("allgather", load_topology("dgx1"), MB, max_transfers=200, max_table_transfers=400,
+                               progress=heard.append)
+    building = [m.split()[1].rstrip(":") for m in heard if "building" in m]
+    c1_us = {run.name: run.report.time_us for run in table.runs if run.chunks_per_way == 1}
+    # the second chunk goes to the fastest with one chunk: recursive doubling (21.7 us) before the ring (23.3 us);
+    # bidir-ring has no second chunk within 200 transfers
+    assert c1_us["recursive-doubling"] < c1_us["ring"]
+    assert building == ["ring/c1", "bidir-ring/c1", "recursive-doubling/c1", "recursive-doubling/c2"]
+    assert built(table) == ["ring/c1", "bidir-ring/c1", "recursive-doubling/c1", "recursive-doubling/c2"]
+    assert table.reasons[-1] == ("ring/c2: not built, the baselines built hold 336 transfers and the budget of the "
+                                 "table is 400")

@@ -30,9 +30,10 @@ collective with ``w * chunks_per_rank`` chunks per rank. More chunks pipeline be
 
 from __future__ import annotations
 
-__all__ = ["BASELINES", "Baseline", "BaselineRun", "BaselineTable", "baseline_status", "best_baseline",
-           "build_baseline", "evaluate_baselines", "find_ring", "pack_rings"]
+__all__ = ["BASELINES", "MAX_BASELINE_TRANSFERS", "MAX_TABLE_TRANSFERS", "Baseline", "BaselineRun", "BaselineTable",
+           "baseline_status", "best_baseline", "build_baseline", "evaluate_baselines", "find_ring", "pack_rings"]
 
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable
@@ -53,9 +54,13 @@ from synth.synthesis.baselines.trees import double_tree_routes
 
 # ----------------------------------------------------------------------------------------------- registry
 
-# Transfers a baseline schedule may hold (256 GPUs: a ring Allgather with 2 chunks per rank is 130k transfers; with
-# 4 it would be 261k, and an Alltoall relayed around the ring 8.4M).
+# Transfers one baseline schedule may hold, and all of a request's baselines together. Building and replaying takes
+# about 80 us of CPU per transfer, writing and simulating a file about 250 us (256 x dgx-h100): a baseline of 2^17
+# transfers costs ~10 s to build and ~30 s to write, the table at most ~40 s to build. At 256 GPUs every baseline
+# keeps one chunk per rank (a ring Allreduce is 130k transfers), while an Alltoall relayed around the ring (8.4M)
+# is skipped.
 MAX_BASELINE_TRANSFERS = 1 << 17
+MAX_TABLE_TRANSFERS = 1 << 19
 _ALL = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall", "gather", "scatter")
 
 
@@ -221,17 +226,19 @@ class _Option:
 def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
                        chunk_options: tuple[int, ...] = (1, 2, 4),
                        progress: Callable[[str], None] = lambda message: None, deadline: Deadline = UNBOUNDED,
-                       max_transfers: int | None = None) -> BaselineTable:
+                       max_transfers: int | None = None, max_table_transfers: int | None = None) -> BaselineTable:
     """Build and replay every applicable baseline for each of ``chunk_options`` at ``size_bytes``.
 
     On large machines a baseline's transfers grow with ranks squared times chunks (ranks cubed for an Alltoall
-    relayed around a ring): each schedule's transfers are counted from its routing before it is built
-    (:func:`~synth.synthesis.baselines.plans.count_transfers`), and one over ``max_transfers`` (default
-    :data:`MAX_BASELINE_TRANSFERS`) is not built, because building, replaying and writing it would cost minutes.
-    Once ``deadline`` has passed no further baseline is built. Either way the reason is kept in
-    :attr:`BaselineTable.reasons` and told to ``progress``, and the table is never left empty where a baseline
-    applies: if none is within the budget, or the deadline passed before any was built, the one with the fewest
-    transfers is built all the same (the runtime's own choice must always compete).
+    relayed around a ring), and each costs time to build, replay and write. So every schedule's transfers are
+    counted from its routing first (:func:`~synth.synthesis.baselines.plans.count_transfers`), and none is built
+    that holds more than ``max_transfers`` (default :data:`MAX_BASELINE_TRANSFERS`) or would take the table past
+    ``max_table_transfers`` (default :data:`MAX_TABLE_TRANSFERS`). Every baseline gets its fewest chunks first;
+    more chunks (deeper pipelining) go to the baselines that were fastest so far. Once ``deadline`` has passed,
+    no further baseline is built. Each skip is kept in :attr:`BaselineTable.reasons` and told to ``progress``,
+    and the table is never empty where a baseline applies: if none is within the budget, or the deadline passed
+    before any was built, the one with the fewest transfers is built all the same (the runtime's own choice must
+    always compete). Runs are listed in the registry's order, fewer chunks first.
 
     >>> from synth.model.topology import load_topology
     >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20)
@@ -239,36 +246,52 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     ('bidir-ring', True)
     >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20, max_transfers=12)
     >>> [run.name for run in table.runs], [reason for reason in table.reasons if "budget" in reason][0]
-    (['ring'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12')
+    (['ring'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12 per baseline')
     """
     cname = normalize_name(collective_name)
-    budget = MAX_BASELINE_TRANSFERS if max_transfers is None else max_transfers
+    per_schedule = MAX_BASELINE_TRANSFERS if max_transfers is None else max_transfers
+    per_table = MAX_TABLE_TRANSFERS if max_table_transfers is None else max_table_transfers
     reasons, options = [], []
+
+    def skip(reason: str) -> None:
+        reasons.append(reason)
+        progress(f"  baseline {reason}")
+
     for name, routes in _routings(cname, topology, root).items():
         if not isinstance(routes, Routes):
             reasons.append(f"{name}: {routes}")
             continue
         options += [_Option(name, chunks, routes, count_transfers(cname, topology.num_ranks, chunks * routes.ways,
                                                                   routes, root)) for chunks in sorted(chunk_options)]
-    pending = [o for o in options if o.transfers <= budget]
-    if options and not pending:
-        pending = [min(options, key=lambda o: o.transfers)]
-        reasons.append(f"{pending[0].label}: {pending[0].transfers} transfers, over the budget of {budget}, built "
-                       "all the same (no baseline has fewer)")
-        progress(f"  baseline {reasons[-1]}")
+    left = [o for o in options if o.transfers <= per_schedule]
+    if options and not left:
+        left = [min(options, key=lambda o: o.transfers)]
+        skip(f"{left[0].label}: {left[0].transfers} transfers, over the budget of {per_schedule} per baseline, "
+             "built all the same (no baseline has fewer)")
     for name in dict.fromkeys(o.name for o in options):
-        over = [o for o in options if o.name == name and o not in pending]
+        over = [o for o in options if o.name == name and o not in left]
         if over:
-            reasons.append(f"{name}/c{', c'.join(str(o.chunks_per_way) for o in over)}: "
-                           f"{', '.join(str(o.transfers) for o in over)} transfers, over the budget of {budget}")
-            progress(f"  baseline {reasons[-1]}")
-    runs = []
-    while pending:
-        if deadline.expired:
-            if runs:
-                break
-            pending.sort(key=lambda o: o.transfers)     # out of time with none built: the quickest one
-        option = pending.pop(0)
+            skip(f"{name}/c{', c'.join(str(o.chunks_per_way) for o in over)}: "
+                 f"{', '.join(str(o.transfers) for o in over)} transfers, over the budget of {per_schedule} per "
+                 "baseline")
+    runs, fastest_us, spent, over_table, late = [], {}, 0, [], []
+
+    def next_option() -> _Option:
+        if deadline.expired and not runs:
+            return min(left, key=lambda o: o.transfers)       # out of time with none built: the quickest one
+        level = min(o.chunks_per_way for o in left)
+        return min((o for o in left if o.chunks_per_way == level), key=lambda o: fastest_us.get(o.name, math.inf))
+
+    while left:
+        option = next_option()
+        left.remove(option)
+        if deadline.expired and runs:
+            late.append(option)
+            continue
+        if runs and spent + option.transfers > per_table:
+            over_table.append(option)
+            continue
+        progress(f"  baseline {option.label}: building {option.transfers} transfers")
         try:
             schedule = build_baseline(option.name, cname, topology, option.chunks_per_way, root,
                                       order_bytes=size_bytes, routes=option.routes)
@@ -277,11 +300,16 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
             continue
         report = verify(schedule, topology, size_bytes)
         runs.append(BaselineRun(option.name, option.chunks_per_way, schedule, report))
+        spent += option.transfers
+        fastest_us[option.name] = min(report.time_us, fastest_us.get(option.name, math.inf))
         progress(f"  baseline {option.label}: {report.time_us:.2f} us ({len(schedule.transfers)} transfers)")
-    if pending:
-        reasons.append(f"{', '.join(o.label for o in options if o in pending)}: not built, the time limit was "
-                       "reached")
-        progress(f"  baseline {reasons[-1]}")
+    if over_table:
+        skip(f"{', '.join(o.label for o in options if o in over_table)}: not built, the baselines built hold "
+             f"{spent} transfers and the budget of the table is {per_table}")
+    if late:
+        skip(f"{', '.join(o.label for o in options if o in late)}: not built, the time limit was reached")
+    order = {(o.name, o.chunks_per_way): i for i, o in enumerate(options)}
+    runs.sort(key=lambda r: order[(r.name, r.chunks_per_way)])
     return BaselineTable(cname, topology.name, size_bytes, tuple(runs), tuple(reasons))
 
 
