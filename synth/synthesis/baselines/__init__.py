@@ -54,11 +54,12 @@ from synth.synthesis.baselines.trees import double_tree_routes
 
 # ----------------------------------------------------------------------------------------------- registry
 
-# Transfers one baseline schedule may hold, and all of a request's baselines together. Building and replaying takes
-# about 80 us of CPU per transfer, writing and simulating a file about 250 us (256 x dgx-h100): a baseline of 2^17
-# transfers costs ~10 s to build and ~30 s to write, the table at most ~40 s to build. At 256 GPUs every baseline
-# keeps one chunk per rank (a ring Allreduce is 130k transfers), while an Alltoall relayed around the ring (8.4M)
-# is skipped.
+# Transfers one baseline schedule may hold (half of it with more chunks than the baseline's fewest), and all of a
+# request's baselines together. On 256 x dgx-h100 building and replaying takes about 80 us of CPU per transfer, and
+# writing grows faster than the transfers (2 cores shared six ways: the hierarchical ReduceScatter took 63 s to
+# write with 1 chunk, 65k transfers, and 274 s with 2 chunks, 130k, for 1% less time). So at 256 GPUs every
+# baseline keeps one chunk per rank (a ring Allreduce is 130k transfers) and none gets more, and an Alltoall
+# relayed around the ring (8.4M) is skipped.
 MAX_BASELINE_TRANSFERS = 1 << 17
 MAX_TABLE_TRANSFERS = 1 << 19
 _ALL = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall", "gather", "scatter")
@@ -232,9 +233,10 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     On large machines a baseline's transfers grow with ranks squared times chunks (ranks cubed for an Alltoall
     relayed around a ring), and each costs time to build, replay and write. So every schedule's transfers are
     counted from its routing first (:func:`~synth.synthesis.baselines.plans.count_transfers`), and none is built
-    that holds more than ``max_transfers`` (default :data:`MAX_BASELINE_TRANSFERS`) or would take the table past
-    ``max_table_transfers`` (default :data:`MAX_TABLE_TRANSFERS`). Every baseline gets its fewest chunks first;
-    more chunks (deeper pipelining) go to the baselines that were fastest so far. Once ``deadline`` has passed,
+    that holds more than ``max_transfers`` (default :data:`MAX_BASELINE_TRANSFERS`; half of it with more chunks
+    than the baseline's fewest) or would take the table past ``max_table_transfers`` (default
+    :data:`MAX_TABLE_TRANSFERS`). Every baseline gets its fewest chunks first; more chunks (deeper pipelining)
+    go to the baselines that were fastest so far. Once ``deadline`` has passed,
     no further baseline is built. Each skip is kept in :attr:`BaselineTable.reasons` and told to ``progress``,
     and the table is never empty where a baseline applies: if none is within the budget, or the deadline passed
     before any was built, the one with the fewest transfers is built all the same (the runtime's own choice must
@@ -246,7 +248,7 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     ('bidir-ring', True)
     >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20, max_transfers=12)
     >>> [run.name for run in table.runs], [reason for reason in table.reasons if "budget" in reason][0]
-    (['ring'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12 per baseline')
+    (['ring'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12 per baseline, 6 with more chunks than its fewest')
     """
     cname = normalize_name(collective_name)
     per_schedule = MAX_BASELINE_TRANSFERS if max_transfers is None else max_transfers
@@ -263,7 +265,11 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
             continue
         options += [_Option(name, chunks, routes, count_transfers(cname, topology.num_ranks, chunks * routes.ways,
                                                                   routes, root)) for chunks in sorted(chunk_options)]
-    left = [o for o in options if o.transfers <= per_schedule]
+    fewest = {}
+    for o in options:
+        fewest.setdefault(o.name, o.chunks_per_way)
+    left = [o for o in options
+            if o.transfers <= (per_schedule if o.chunks_per_way == fewest[o.name] else per_schedule // 2)]
     if options and not left:
         left = [min(options, key=lambda o: o.transfers)]
         skip(f"{left[0].label}: {left[0].transfers} transfers, over the budget of {per_schedule} per baseline, "
@@ -273,7 +279,7 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
         if over:
             skip(f"{name}/c{', c'.join(str(o.chunks_per_way) for o in over)}: "
                  f"{', '.join(str(o.transfers) for o in over)} transfers, over the budget of {per_schedule} per "
-                 "baseline")
+                 f"baseline, {per_schedule // 2} with more chunks than its fewest")
     runs, fastest_us, spent, over_table, late = [], {}, 0, [], []
 
     def next_option() -> _Option:
