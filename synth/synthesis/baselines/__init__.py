@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable
 
+from backends.msccl.fit import hopeless
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
-from synth.schedule.ir import Schedule
+from synth.schedule.ir import Schedule, Transfer
 from synth.schedule.replay import ReplayReport, verify
 from synth.solver.deadline import UNBOUNDED, Deadline
 from synth.synthesis.baselines.all_pairs import all_pairs_routes
@@ -265,21 +266,36 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
             continue
         options += [_Option(name, chunks, routes, count_transfers(cname, topology.num_ranks, chunks * routes.ways,
                                                                   routes, root)) for chunks in sorted(chunk_options)]
+    unloadable = {o.name: why for o in options if o.transfers <= per_schedule and o.chunks_per_way == min(chunk_options)
+                  and (why := _unloadable(cname, topology, o.routes, root))}
+    for name, why in unloadable.items():
+        skip(f"{name}: {why}")
+    loadable = [o for o in options if o.name not in unloadable]
     fewest = {}
-    for o in options:
+    for o in loadable:
         fewest.setdefault(o.name, o.chunks_per_way)
-    left = [o for o in options
+    left = [o for o in loadable
             if o.transfers <= (per_schedule if o.chunks_per_way == fewest[o.name] else per_schedule // 2)]
-    if options and not left:
-        left = [min(options, key=lambda o: o.transfers)]
-        skip(f"{left[0].label}: {left[0].transfers} transfers, over the budget of {per_schedule} per baseline, "
-             "built all the same (no baseline has fewer)")
-    for name in dict.fromkeys(o.name for o in options):
-        over = [o for o in options if o.name == name and o not in left]
+    for name in fewest:
+        over = [o for o in loadable if o.name == name and o not in left]
         if over:
             skip(f"{name}/c{', c'.join(str(o.chunks_per_way) for o in over)}: "
                  f"{', '.join(str(o.transfers) for o in over)} transfers, over the budget of {per_schedule} per "
                  f"baseline, {per_schedule // 2} with more chunks than its fewest")
+    for cheapest in ([] if left else sorted(loadable, key=lambda o: o.transfers)):
+        if cheapest.transfers > per_table:
+            skip(f"none built: the fewest transfers, {cheapest.transfers} of {cheapest.label}, are over the "
+                 f"budget of the table ({per_table}) too")
+            break
+        if cheapest.name in unloadable:
+            continue
+        if why := _unloadable(cname, topology, cheapest.routes, root):
+            unloadable[cheapest.name] = why
+            skip(f"{cheapest.name}: {why}")
+            continue
+        left = [cheapest]
+        skip(f"{cheapest.label}: built all the same, no baseline has fewer transfers")
+        break
     runs, fastest_us, spent, over_table, late = [], {}, 0, [], []
 
     def next_option() -> _Option:
@@ -317,6 +333,20 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     order = {(o.name, o.chunks_per_way): i for i, o in enumerate(options)}
     runs.sort(key=lambda r: order[(r.name, r.chunks_per_way)])
     return BaselineTable(cname, topology.name, size_bytes, tuple(runs), tuple(reasons))
+
+
+def _unloadable(cname: str, topology: Topology, routes: Routes, root: int | None) -> str | None:
+    """Why no GPU of ``topology`` can hold the baseline's MSCCL program (a threadblock per peer, more peers than
+    SMs: :func:`backends.msccl.fit.hopeless`), from its routing with one chunk per way (more chunks keep the
+    peers); None when it may fit."""
+    if topology.sms_per_gpu is None:
+        return None
+    collective = make_collective(cname, topology.num_ranks, routes.ways, root)
+    transfers = routes.explicit(collective)
+    if transfers is None:
+        transfers = [Transfer(p.chunk, u, v, 0) for p in plan_collective(collective, routes)
+                     for u, v in p.reduce_edges + p.copy_edges]
+    return hopeless(Schedule(collective, topology.name, tuple(transfers), 1), topology)
 
 
 def best_baseline(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
