@@ -236,12 +236,15 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     counted from its routing first (:func:`~synth.synthesis.baselines.plans.count_transfers`), and none is built
     that holds more than ``max_transfers`` (default :data:`MAX_BASELINE_TRANSFERS`; half of it with more chunks
     than the baseline's fewest) or would take the table past ``max_table_transfers`` (default
-    :data:`MAX_TABLE_TRANSFERS`). Every baseline gets its fewest chunks first; more chunks (deeper pipelining)
-    go to the baselines that were fastest so far. Once ``deadline`` has passed,
-    no further baseline is built. Each skip is kept in :attr:`BaselineTable.reasons` and told to ``progress``,
-    and the table is never empty where a baseline applies: if none is within the budget, or the deadline passed
-    before any was built, the one with the fewest transfers is built all the same (the runtime's own choice must
-    always compete). Runs are listed in the registry's order, fewer chunks first.
+    :data:`MAX_TABLE_TRANSFERS`), nor one whose program no GPU of the topology could hold (a threadblock per
+    peer, more peers than SMs). Every baseline gets its fewest chunks first; more chunks (deeper pipelining) go
+    to the baselines that were fastest so far. Once ``deadline`` has passed, no further baseline is built.
+
+    Each skip is kept in :attr:`BaselineTable.reasons` and told to ``progress``, and the table is not left empty
+    where a baseline could be written: if none is within the budget per baseline, or the deadline passed before
+    any was built, the one with the fewest transfers is built all the same (the runtime's own choice must always
+    compete), unless even it is over the table's budget (8.4M transfers for an Alltoall relayed around 256 GPUs:
+    no GPU could run that many steps). Runs are listed in the registry's order, fewer chunks first.
 
     >>> from synth.model.topology import load_topology
     >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20)
@@ -266,36 +269,7 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
             continue
         options += [_Option(name, chunks, routes, count_transfers(cname, topology.num_ranks, chunks * routes.ways,
                                                                   routes, root)) for chunks in sorted(chunk_options)]
-    unloadable = {o.name: why for o in options if o.transfers <= per_schedule and o.chunks_per_way == min(chunk_options)
-                  and (why := _unloadable(cname, topology, o.routes, root))}
-    for name, why in unloadable.items():
-        skip(f"{name}: {why}")
-    loadable = [o for o in options if o.name not in unloadable]
-    fewest = {}
-    for o in loadable:
-        fewest.setdefault(o.name, o.chunks_per_way)
-    left = [o for o in loadable
-            if o.transfers <= (per_schedule if o.chunks_per_way == fewest[o.name] else per_schedule // 2)]
-    for name in fewest:
-        over = [o for o in loadable if o.name == name and o not in left]
-        if over:
-            skip(f"{name}/c{', c'.join(str(o.chunks_per_way) for o in over)}: "
-                 f"{', '.join(str(o.transfers) for o in over)} transfers, over the budget of {per_schedule} per "
-                 f"baseline, {per_schedule // 2} with more chunks than its fewest")
-    for cheapest in ([] if left else sorted(loadable, key=lambda o: o.transfers)):
-        if cheapest.transfers > per_table:
-            skip(f"none built: the fewest transfers, {cheapest.transfers} of {cheapest.label}, are over the "
-                 f"budget of the table ({per_table}) too")
-            break
-        if cheapest.name in unloadable:
-            continue
-        if why := _unloadable(cname, topology, cheapest.routes, root):
-            unloadable[cheapest.name] = why
-            skip(f"{cheapest.name}: {why}")
-            continue
-        left = [cheapest]
-        skip(f"{cheapest.label}: built all the same, no baseline has fewer transfers")
-        break
+    left = _within_budget(cname, topology, root, options, per_schedule, per_table, skip)
     runs, fastest_us, spent, over_table, late = [], {}, 0, [], []
 
     def next_option() -> _Option:
@@ -335,11 +309,51 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     return BaselineTable(cname, topology.name, size_bytes, tuple(runs), tuple(reasons))
 
 
+def _within_budget(cname: str, topology: Topology, root: int | None, options: list[_Option], per_schedule: int,
+                   per_table: int, skip: Callable[[str], None]) -> list[_Option]:
+    """The options a GPU can hold whose transfers are within ``per_schedule`` (half of it with more chunks than
+    the baseline's fewest); when there is none, the cheapest one a GPU can hold, if it is within ``per_table``.
+    ``skip`` hears why each of the others is left out."""
+    fewest_chunks = min((o.chunks_per_way for o in options), default=1)
+    unloadable = {o.name: why for o in options if o.chunks_per_way == fewest_chunks and o.transfers <= per_schedule
+                  and (why := _unloadable(cname, topology, o.routes, root))}
+    for name, why in unloadable.items():
+        skip(f"{name}: {why}")
+    loadable = [o for o in options if o.name not in unloadable]
+    fewest = {}
+    for o in loadable:
+        fewest.setdefault(o.name, o.chunks_per_way)
+    left = [o for o in loadable
+            if o.transfers <= (per_schedule if o.chunks_per_way == fewest[o.name] else per_schedule // 2)]
+    for name in fewest:
+        over = [o for o in loadable if o.name == name and o not in left]
+        if over:
+            skip(f"{name}/c{', c'.join(str(o.chunks_per_way) for o in over)}: "
+                 f"{', '.join(str(o.transfers) for o in over)} transfers, over the budget of {per_schedule} per "
+                 f"baseline, {per_schedule // 2} with more chunks than its fewest")
+    if left:
+        return left
+    for cheapest in sorted(loadable, key=lambda o: o.transfers):
+        if cheapest.transfers > per_table:
+            skip(f"none built: the fewest transfers, {cheapest.transfers} of {cheapest.label}, are over the "
+                 f"budget of the table ({per_table}) too")
+            break
+        if cheapest.name in unloadable:
+            continue
+        if why := _unloadable(cname, topology, cheapest.routes, root):
+            unloadable[cheapest.name] = why
+            skip(f"{cheapest.name}: {why}")
+            continue
+        skip(f"{cheapest.label}: built all the same, no baseline has fewer transfers")
+        return [cheapest]
+    return []
+
+
 def _unloadable(cname: str, topology: Topology, routes: Routes, root: int | None) -> str | None:
     """Why no GPU of ``topology`` can hold the baseline's MSCCL program (a threadblock per peer, more peers than
     SMs: :func:`backends.msccl.fit.hopeless`), from its routing with one chunk per way (more chunks keep the
     peers); None when it may fit."""
-    if topology.sms_per_gpu is None:
+    if topology.sms_per_gpu is None or topology.num_ranks - 1 <= topology.sms_per_gpu:
         return None
     collective = make_collective(cname, topology.num_ranks, routes.ways, root)
     transfers = routes.explicit(collective)
