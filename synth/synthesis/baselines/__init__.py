@@ -34,6 +34,7 @@ __all__ = ["BASELINES", "MAX_BASELINE_TRANSFERS", "MAX_TABLE_TRANSFERS", "Baseli
            "baseline_status", "best_baseline", "build_baseline", "evaluate_baselines", "find_ring", "pack_rings"]
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable
@@ -42,6 +43,7 @@ from backends.msccl.fit import hopeless
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import Schedule, Transfer
 from synth.schedule.replay import ReplayReport, verify
 from synth.solver.deadline import UNBOUNDED, Deadline
@@ -237,8 +239,10 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     that holds more than ``max_transfers`` (default :data:`MAX_BASELINE_TRANSFERS`; half of it with more chunks
     than the baseline's fewest) or would take the table past ``max_table_transfers`` (default
     :data:`MAX_TABLE_TRANSFERS`), nor one whose program no GPU of the topology could hold (a threadblock per
-    peer, more peers than SMs). Every baseline gets its fewest chunks first; more chunks (deeper pipelining) go
-    to the baselines that were fastest so far. Once ``deadline`` has passed, no further baseline is built.
+    peer, more peers than SMs). Every baseline gets its fewest chunks first, the most promising first (the least
+    time on its busiest link or switch port, a lower bound on its replay); more chunks (deeper pipelining) go to
+    the baselines that were fastest so far. Once ``deadline`` has passed, no further baseline is built. (Slow
+    baselines are still built: when the fastest cannot be written, a slower one may.)
 
     Each skip is kept in :attr:`BaselineTable.reasons` and told to ``progress``, and the table is not left empty
     where a baseline could be written: if none is within the budget per baseline, or the deadline passed before
@@ -269,14 +273,22 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
             continue
         options += [_Option(name, chunks, routes, count_transfers(cname, topology.num_ranks, chunks * routes.ways,
                                                                   routes, root)) for chunks in sorted(chunk_options)]
-    left = _within_budget(cname, topology, root, options, per_schedule, per_table, skip)
+    footprints: dict[str, _Footprint] = {}
+
+    def footprint(option: _Option) -> _Footprint:
+        if option.name not in footprints:
+            footprints[option.name] = _footprint(cname, topology, option.routes, root, size_bytes)
+        return footprints[option.name]
+
+    left = _within_budget(options, per_schedule, per_table, footprint, skip)
     runs, fastest_us, spent, over_table, late = [], {}, 0, [], []
 
     def next_option() -> _Option:
         if deadline.expired and not runs:
             return min(left, key=lambda o: o.transfers)       # out of time with none built: the quickest one
         level = min(o.chunks_per_way for o in left)
-        return min((o for o in left if o.chunks_per_way == level), key=lambda o: fastest_us.get(o.name, math.inf))
+        return min((o for o in left if o.chunks_per_way == level),
+                   key=lambda o: (fastest_us.get(o.name, math.inf), footprint(o).busiest_us))
 
     while left:
         option = next_option()
@@ -309,14 +321,14 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     return BaselineTable(cname, topology.name, size_bytes, tuple(runs), tuple(reasons))
 
 
-def _within_budget(cname: str, topology: Topology, root: int | None, options: list[_Option], per_schedule: int,
-                   per_table: int, skip: Callable[[str], None]) -> list[_Option]:
+def _within_budget(options: list[_Option], per_schedule: int, per_table: int,
+                   footprint: Callable[[_Option], _Footprint], skip: Callable[[str], None]) -> list[_Option]:
     """The options a GPU can hold whose transfers are within ``per_schedule`` (half of it with more chunks than
     the baseline's fewest); when there is none, the cheapest one a GPU can hold, if it is within ``per_table``.
     ``skip`` hears why each of the others is left out."""
     fewest_chunks = min((o.chunks_per_way for o in options), default=1)
     unloadable = {o.name: why for o in options if o.chunks_per_way == fewest_chunks and o.transfers <= per_schedule
-                  and (why := _unloadable(cname, topology, o.routes, root))}
+                  and (why := footprint(o).unloadable)}
     for name, why in unloadable.items():
         skip(f"{name}: {why}")
     loadable = [o for o in options if o.name not in unloadable]
@@ -340,7 +352,7 @@ def _within_budget(cname: str, topology: Topology, root: int | None, options: li
             break
         if cheapest.name in unloadable:
             continue
-        if why := _unloadable(cname, topology, cheapest.routes, root):
+        if why := footprint(cheapest).unloadable:
             unloadable[cheapest.name] = why
             skip(f"{cheapest.name}: {why}")
             continue
@@ -349,18 +361,38 @@ def _within_budget(cname: str, topology: Topology, root: int | None, options: li
     return []
 
 
-def _unloadable(cname: str, topology: Topology, routes: Routes, root: int | None) -> str | None:
-    """Why no GPU of ``topology`` can hold the baseline's MSCCL program (a threadblock per peer, more peers than
-    SMs: :func:`backends.msccl.fit.hopeless`), from its routing with one chunk per way (more chunks keep the
-    peers); None when it may fit."""
-    if topology.sms_per_gpu is None or topology.num_ranks - 1 <= topology.sms_per_gpu:
-        return None
+@dataclass(frozen=True)
+class _Footprint:
+    """What a baseline's routing says before it is built: why no GPU could hold its program (None: it may fit),
+    and the time its busiest link or switch port needs at the size (us; a lower bound on its replayed time at any
+    chunk count, since more chunks move the same bytes over the same links)."""
+
+    unloadable: str | None
+    busiest_us: float
+
+
+def _footprint(cname: str, topology: Topology, routes: Routes, root: int | None, size_bytes: float) -> _Footprint:
+    """The footprint of a routing, from its edges with one chunk per way. A program needs a threadblock per peer
+    (:func:`backends.msccl.fit.hopeless`); a link or port serialises the bytes it carries (the replay's
+    :class:`~synth.schedule.costmodel.LinkClock`)."""
     collective = make_collective(cname, topology.num_ranks, routes.ways, root)
     transfers = routes.explicit(collective)
     if transfers is None:
         transfers = [Transfer(p.chunk, u, v, 0) for p in plan_collective(collective, routes)
                      for u, v in p.reduce_edges + p.copy_edges]
-    return hopeless(Schedule(collective, topology.name, tuple(transfers), 1), topology)
+    unloadable = None
+    if topology.sms_per_gpu is not None and topology.num_ranks - 1 > topology.sms_per_gpu:
+        unloadable = hopeless(Schedule(collective, topology.name, tuple(transfers), 1), topology)
+    per_link = Counter((t.src, t.dst) for t in transfers)
+    chunk_bytes = collective.chunk_bytes(size_bytes) / BYTES_PER_US_PER_GBPS
+    port_bw = topology.port_capacity()
+    busy: dict = {}
+    for (src, dst), count in per_link.items():
+        link = topology.link(src, dst)
+        busy[(src, dst)] = count * chunk_bytes / link.capacity_GBps
+        for port in link.ports:
+            busy[port] = busy.get(port, 0.0) + count * chunk_bytes / min(port_bw[port], link.capacity_GBps)
+    return _Footprint(unloadable, max(busy.values(), default=0.0))
 
 
 def best_baseline(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
