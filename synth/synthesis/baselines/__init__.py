@@ -58,13 +58,14 @@ from synth.synthesis.baselines.trees import double_tree_routes
 # ----------------------------------------------------------------------------------------------- registry
 
 # Transfers one baseline schedule may hold (half of it with more chunks than the baseline's fewest), and all of a
-# request's baselines together. On 256 x dgx-h100 building and replaying takes about 80 us of CPU per transfer, and
-# writing grows faster than the transfers (2 cores shared six ways: the hierarchical ReduceScatter took 63 s to
-# write with 1 chunk, 65k transfers, and 274 s with 2 chunks, 130k, for 1% less time). So at 256 GPUs every
-# baseline keeps one chunk per rank (a ring Allreduce is 130k transfers) and none gets more, and an Alltoall
-# relayed around the ring (8.4M) is skipped.
+# request's baselines together. On 256 x dgx-h100 (2 cores shared six ways) building and replaying takes about
+# 80 us of CPU per transfer, and writing grows faster than the transfers: the hierarchical ReduceScatter took 63 s
+# to write with 1 chunk (65k transfers) and 274 s with 2 chunks (130k) for 1% less time; a 130k-transfer Allreduce
+# took 390 s. So at 256 GPUs every baseline keeps one chunk per rank (a ring Allreduce is 130k transfers), the
+# table holds at most two such schedules (~25 s of CPU to build, a tenth of the default search time), the most
+# promising first, and an Alltoall relayed around the ring (8.4M) is never built.
 MAX_BASELINE_TRANSFERS = 1 << 17
-MAX_TABLE_TRANSFERS = 1 << 19
+MAX_TABLE_TRANSFERS = 1 << 18
 _ALL = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall", "gather", "scatter")
 
 
