@@ -47,7 +47,7 @@ from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import Schedule, Transfer
 from synth.schedule.replay import ReplayReport, verify
 from synth.solver.deadline import UNBOUNDED, Deadline
-from synth.synthesis.baselines.all_pairs import all_pairs_routes
+from synth.synthesis.baselines.all_pairs import DIRECT_EXCHANGE, all_pairs_routes, direct_exchange_routes
 from synth.synthesis.baselines.doubling import doubling_routes
 from synth.synthesis.baselines.hierarchical import hierarchical_routes
 from synth.synthesis.baselines.plans import (DEFAULT_ORDER_BYTES, Routes, check_links, count_transfers,
@@ -95,6 +95,8 @@ BASELINES = MappingProxyType({b.name: b for b in (
              ("allgather", "reducescatter", "allreduce", "broadcast", "reduce"), hierarchical_routes),
     Baseline("all-pairs", "direct sends to every peer", ("allgather", "reducescatter", "allreduce", "alltoall",
                                                           "gather", "scatter"), all_pairs_routes),
+    Baseline(DIRECT_EXCHANGE, "whole buffers reduced between linked peers, then across nodes: one traversal",
+             ("allreduce",), direct_exchange_routes),
 )})
 
 

@@ -36,7 +36,7 @@ class DoublingRoutes(Routes):
         return [Transfer(c.id, r, r ^ (1 << k), k, REDUCE) for k in range(self.rounds)
                 for r in range(self.n) for c in collective.chunks]
 
-    def explicit_count(self, collective_name, num_ranks, chunks_per_rank):
+    def explicit_count(self, collective_name, num_ranks, chunks_per_rank, root=None):
         if not (self.butterfly and collective_name == "allreduce"):
             return None
         return self.rounds * self.n * num_ranks * chunks_per_rank      # every rank, every chunk, every round

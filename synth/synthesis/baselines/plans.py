@@ -7,7 +7,7 @@ import heapq
 from dataclasses import dataclass
 
 from synth.errors import InputError, SynthError
-from synth.model.collectives import Collective
+from synth.model.collectives import Collective, make_collective
 from synth.model.topology import Topology
 from synth.schedule.costmodel import LinkClock
 from synth.schedule.ir import COPY, REDUCE, Transfer
@@ -67,9 +67,14 @@ class Routes:
         """A schedule with fixed steps, for algorithms whose steps are not an issue order (None: use routes)."""
         return None
 
-    def explicit_count(self, collective_name: str, num_ranks: int, chunks_per_rank: int) -> int | None:
-        """Transfers :meth:`explicit` makes for that collective (None: it makes none, the routes decide)."""
-        return None
+    def explicit_count(self, collective_name: str, num_ranks: int, chunks_per_rank: int,
+                       root: int | None = None) -> int | None:
+        """Transfers :meth:`explicit` makes for that collective (None: it makes none, the routes decide). By
+        default they are made and counted; routings that can count them without making them override this."""
+        if type(self).explicit is Routes.explicit:
+            return None
+        made = self.explicit(make_collective(collective_name, num_ranks, chunks_per_rank, root))
+        return None if made is None else len(made)
 
     def describe(self) -> dict:
         """JSON-ready description of the structure (rings, trees, rails) for the schedule's notes."""
@@ -117,7 +122,7 @@ def count_transfers(collective_name: str, num_ranks: int, chunks_per_rank: int, 
     >>> count_transfers("alltoall", 4, 2, AllPairsRoutes(4)), count_transfers("allreduce", 4, 1, AllPairsRoutes(4))
     (24, 24)
     """
-    explicit = routes.explicit_count(collective_name, num_ranks, chunks_per_rank)
+    explicit = routes.explicit_count(collective_name, num_ranks, chunks_per_rank, root)
     if explicit is not None:
         return explicit
     n, c = num_ranks, chunks_per_rank
