@@ -4,7 +4,9 @@ Each case runs ``synth solve COLL --topology T --nodes K [--fabric rail] --size 
 as its own process (so a crash, a hang or a refusal is one row, never the end of the benchmark), then
 ``synth check f.xml --target executor --topology T`` on the file it wrote. Columns:
 
-- ``gpus``; ``wall_s``: the solve's wall time; ``peak_MB``: the solve process' peak RSS (``os.wait4``);
+- ``gpus``; ``wall_s``: the solve's wall time; ``cpu_s``: its CPU time (user + system: the figure that does not
+  depend on how many others share the cores); ``peak_MB``: the solve process' peak RSS (``os.wait4``);
+- ``method``: the candidate written (``hierarchy/...``, ``baseline/...``);
 - ``pct_limit``: physical limit / simulated time of the written XML (``synth solve --json``);
 - ``baseline``/``ratio``: the best runnable baseline (simulated) and its time over ours (>= 1: never slower);
 - ``xml_KB``: the file's size; ``check_s``: ``synth check``'s wall time (``check`` its verdict);
@@ -47,8 +49,8 @@ H100_NODES = [2, 4, 8, 16, 32]
 OTHER_MACHINES = [("ndv2", "switch", [8, 16]), ("dgx-a100", "rail", [16])]
 # A case may run past its --time-limit by this much (writing the file, interpreter start) before it is killed.
 KILL_MARGIN_S = 120.0
-COLUMNS = ["topology", "fabric", "gpus", "collective", "size", "wall_s", "peak_MB", "pct_limit", "baseline", "ratio",
-           "xml_KB", "check_s", "check", "status"]
+COLUMNS = ["topology", "fabric", "gpus", "collective", "size", "wall_s", "cpu_s", "peak_MB", "pct_limit", "method",
+           "baseline", "ratio", "xml_KB", "check_s", "check", "status"]
 
 
 @dataclass(frozen=True)
@@ -62,10 +64,12 @@ class Case:
 
 @dataclass(frozen=True)
 class Finished:
-    """One child process: exit code (None: killed at the hard limit), wall seconds, peak RSS (MB), output."""
+    """One child process: exit code (None: killed at the hard limit), wall and CPU seconds, peak RSS (MB),
+    output."""
 
     returncode: int | None
     wall_s: float
+    cpu_s: float
     peak_MB: float
     stdout: str
     stderr: str
@@ -94,7 +98,8 @@ def run_child(args: list[str], hard_limit_s: float) -> Finished:
         child.returncode = os.waitstatus_to_exitcode(status)      # reaped by wait4: tell Popen
         out.seek(0)
         err.seek(0)
-        return Finished(None if killed.is_set() else child.returncode, wall, usage.ru_maxrss / 1024,
+        return Finished(None if killed.is_set() else child.returncode, wall, usage.ru_utime + usage.ru_stime,
+                        usage.ru_maxrss / 1024,
                         out.read(), err.read())
 
 
@@ -114,7 +119,7 @@ def measure(case: Case, time_limit_s: float, check: bool = True) -> dict:
         if case.fabric != "switch":
             args += ["--fabric", case.fabric]
         done = run_child(args, time_limit_s + KILL_MARGIN_S)
-        row.update(wall_s=round(done.wall_s, 1), peak_MB=round(done.peak_MB))
+        row.update(wall_s=round(done.wall_s, 1), cpu_s=round(done.cpu_s, 1), peak_MB=round(done.peak_MB))
         if done.returncode is None:
             row["status"] = f"killed after {done.wall_s:.0f} s (limit {time_limit_s:g} s + {KILL_MARGIN_S:g} s)"
             return row

@@ -111,9 +111,13 @@ class SynthesisRequest:
                       progress: Callable[[str], None] = lambda message: None) -> BaselineTable:
         """The baseline table of a sub-problem at the request's size and root (the dual of a reduction on the
         reversed topology, the halves of an Allreduce), built once per (collective, topology); ``progress``
-        hears about each baseline as it is built."""
+        hears about each baseline as it is built.
+
+        Baselines are candidates, so they are built within the search deadline: once it has passed, the table
+        holds the baselines built so far (at least one, see
+        :func:`~synth.synthesis.baselines.evaluate_baselines`) and says which were not built."""
         key = (normalize_name(collective), topology)
         if key not in self._baseline_tables:
             self._baseline_tables[key] = evaluate_baselines(key[0], topology, self.size_bytes, self.root,
-                                                            progress=progress)
+                                                            progress=progress, deadline=self.search_deadline)
         return self._baseline_tables[key]

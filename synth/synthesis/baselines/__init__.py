@@ -30,31 +30,42 @@ collective with ``w * chunks_per_rank`` chunks per rank. More chunks pipeline be
 
 from __future__ import annotations
 
-__all__ = ["BASELINES", "Baseline", "BaselineRun", "BaselineTable", "baseline_status", "best_baseline",
-           "build_baseline", "evaluate_baselines", "find_ring", "pack_rings"]
+__all__ = ["BASELINES", "MAX_BASELINE_TRANSFERS", "MAX_TABLE_TRANSFERS", "Baseline", "BaselineRun", "BaselineTable",
+           "baseline_status", "best_baseline", "build_baseline", "evaluate_baselines", "find_ring", "pack_rings"]
 
+import math
+from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable
 
+from backends.msccl.fit import hopeless
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
-from synth.schedule.ir import Schedule
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.schedule.ir import Schedule, Transfer
 from synth.schedule.replay import ReplayReport, verify
+from synth.solver.deadline import UNBOUNDED, Deadline
 from synth.synthesis.baselines.all_pairs import DIRECT_EXCHANGE, all_pairs_routes, direct_exchange_routes
 from synth.synthesis.baselines.doubling import doubling_routes
 from synth.synthesis.baselines.hierarchical import hierarchical_routes
-from synth.synthesis.baselines.plans import (DEFAULT_ORDER_BYTES, Routes, check_links, not_applicable, order_plans,
-                                             plan_collective)
+from synth.synthesis.baselines.plans import (DEFAULT_ORDER_BYTES, Routes, check_links, count_transfers,
+                                             not_applicable, order_plans, plan_collective)
 from synth.synthesis.baselines.rings import bidir_ring_routes, find_ring, multi_ring_routes, pack_rings, ring_routes
 from synth.synthesis.baselines.trees import double_tree_routes
 
 # ----------------------------------------------------------------------------------------------- registry
 
-# Transfers a baseline schedule may hold beyond its fewest-chunk version (256 GPUs: a ring Allgather with 2 chunks
-# per rank is 130k transfers; with 4 it would be 261k).
+# Transfers one baseline schedule may hold (half of it with more chunks than the baseline's fewest), and all of a
+# request's baselines together. On 256 x dgx-h100 (2 cores shared six ways) building and replaying takes about
+# 80 us of CPU per transfer, and writing grows faster than the transfers: the hierarchical ReduceScatter took 63 s
+# to write with 1 chunk (65k transfers) and 274 s with 2 chunks (130k) for 1% less time; a 130k-transfer Allreduce
+# took 390 s. So at 256 GPUs every baseline keeps one chunk per rank (a ring Allreduce is 130k transfers), the
+# table holds at most two such schedules (~25 s of CPU to build, a tenth of the default search time), the most
+# promising first, and an Alltoall relayed around the ring (8.4M) is never built.
 MAX_BASELINE_TRANSFERS = 1 << 17
+MAX_TABLE_TRANSFERS = 1 << 18
 _ALL = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce", "alltoall", "gather", "scatter")
 
 
@@ -90,7 +101,8 @@ BASELINES = MappingProxyType({b.name: b for b in (
 
 
 def build_baseline(name: str, collective_name: str, topology: Topology, chunks_per_rank: int = 1,
-                   root: int | None = None, order_bytes: float = DEFAULT_ORDER_BYTES) -> Schedule:
+                   root: int | None = None, order_bytes: float = DEFAULT_ORDER_BYTES,
+                   routes: Routes | None = None) -> Schedule:
     """Build a baseline schedule.
 
     Parameters
@@ -105,6 +117,9 @@ def build_baseline(name: str, collective_name: str, topology: Topology, chunks_p
         Root of rooted collectives (default 0).
     order_bytes : float
         Size (nccl-tests' convention, bytes) at which the issue order is tuned; any size verifies.
+    routes : Routes, optional
+        The baseline's routing on ``topology`` for this collective and root, when the caller has it already
+        (finding rings and trees on a cluster takes seconds); default: found here.
 
     Raises
     ------
@@ -119,7 +134,7 @@ def build_baseline(name: str, collective_name: str, topology: Topology, chunks_p
         raise not_applicable(name, f"does not implement {cname}; it implements {', '.join(spec.collectives)}")
     if chunks_per_rank < 1:
         raise InputError("--chunks", "", f"must be at least 1, got {chunks_per_rank}")
-    routes = spec.routes(topology, cname, root)
+    routes = spec.routes(topology, cname, root) if routes is None else routes
     coll = make_collective(cname, topology.num_ranks, chunks_per_rank * routes.ways, root)
     transfers = routes.explicit(coll)
     if transfers is None:
@@ -133,18 +148,22 @@ def build_baseline(name: str, collective_name: str, topology: Topology, chunks_p
 
 def baseline_status(collective_name: str, topology: Topology, root: int | None = None) -> dict[str, str | None]:
     """For every baseline, None if it applies to the collective on the topology, else the reason it does not."""
-    cname = normalize_name(collective_name)
-    status = {}
+    return {name: None if isinstance(found, Routes) else found
+            for name, found in _routings(normalize_name(collective_name), topology, root).items()}
+
+
+def _routings(cname: str, topology: Topology, root: int | None) -> dict[str, Routes | str]:
+    """Every baseline's routing of the collective on the topology, or the reason it has none."""
+    found: dict[str, Routes | str] = {}
     for name, spec in BASELINES.items():
         if cname not in spec.collectives:
-            status[name] = f"does not implement {cname}"
+            found[name] = f"does not implement {cname}"
             continue
         try:
-            spec.routes(topology, cname, root)
-            status[name] = None
+            found[name] = spec.routes(topology, cname, root)
         except InputError as exc:
-            status[name] = exc.problem
-    return status
+            found[name] = exc.problem
+    return found
 
 
 @dataclass(frozen=True)
@@ -197,37 +216,186 @@ class BaselineTable:
         return best
 
 
+@dataclass(frozen=True)
+class _Option:
+    """One baseline at one chunk count, before it is built: its routing and how many transfers it will hold."""
+
+    name: str
+    chunks_per_way: int
+    routes: Routes
+    transfers: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}/c{self.chunks_per_way}"
+
+
 def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,
                        chunk_options: tuple[int, ...] = (1, 2, 4),
-                       progress: Callable[[str], None] = lambda message: None) -> BaselineTable:
+                       progress: Callable[[str], None] = lambda message: None, deadline: Deadline = UNBOUNDED,
+                       max_transfers: int | None = None, max_table_transfers: int | None = None) -> BaselineTable:
     """Build and replay every applicable baseline for each of ``chunk_options`` at ``size_bytes``.
 
-    On large machines a baseline's transfers grow with ranks squared times chunks: a chunk count whose schedule
-    would exceed :data:`MAX_BASELINE_TRANSFERS` is skipped (the reason is kept), because building, replaying and
-    writing it would cost minutes while its fewer-chunk version still stands for it.
+    On large machines a baseline's transfers grow with ranks squared times chunks (ranks cubed for an Alltoall
+    relayed around a ring), and each costs time to build, replay and write. So every schedule's transfers are
+    counted from its routing first (:func:`~synth.synthesis.baselines.plans.count_transfers`), and none is built
+    that holds more than ``max_transfers`` (default :data:`MAX_BASELINE_TRANSFERS`; half of it with more chunks
+    than the baseline's fewest) or would take the table past ``max_table_transfers`` (default
+    :data:`MAX_TABLE_TRANSFERS`), nor one whose program no GPU of the topology could hold (a threadblock per
+    peer, more peers than SMs). Every baseline gets its fewest chunks first, the most promising first (the least
+    time on its busiest link or switch port, a lower bound on its replay); more chunks (deeper pipelining) go to
+    the baselines that were fastest so far. Once ``deadline`` has passed, no further baseline is built. (Slow
+    baselines are still built: when the fastest cannot be written, a slower one may.)
+
+    Each skip is kept in :attr:`BaselineTable.reasons` and told to ``progress``, and the table is not left empty
+    where a baseline could be written: if none is within the budget per baseline, or the deadline passed before
+    any was built, the one with the fewest transfers is built all the same (the runtime's own choice must always
+    compete), unless even it is over the table's budget (8.4M transfers for an Alltoall relayed around 256 GPUs:
+    no GPU could run that many steps). Runs are listed in the registry's order, fewer chunks first.
 
     >>> from synth.model.topology import load_topology
     >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20)
     >>> table.best().name, table.best().report.time_us > 0
     ('bidir-ring', True)
+    >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20, max_transfers=12)
+    >>> [run.name for run in table.runs], [reason for reason in table.reasons if "budget" in reason][0]
+    (['ring'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12 per baseline, 6 with more chunks than its fewest')
     """
-    runs, reasons = [], []
-    for name, reason in baseline_status(collective_name, topology, root).items():
-        if reason is not None:
-            reasons.append(f"{name}: {reason}")
+    cname = normalize_name(collective_name)
+    per_schedule = MAX_BASELINE_TRANSFERS if max_transfers is None else max_transfers
+    per_table = MAX_TABLE_TRANSFERS if max_table_transfers is None else max_table_transfers
+    reasons, options = [], []
+
+    def skip(reason: str) -> None:
+        reasons.append(reason)
+        progress(f"  baseline {reason}")
+
+    for name, routes in _routings(cname, topology, root).items():
+        if not isinstance(routes, Routes):
+            reasons.append(f"{name}: {routes}")
             continue
-        smallest = None      # transfers of the fewest-chunk version built
-        for chunks in sorted(chunk_options):
-            if smallest is not None and smallest[1] * chunks // smallest[0] > MAX_BASELINE_TRANSFERS:
-                reasons.append(f"{name}/c{chunks}: about {smallest[1] * chunks // smallest[0]} transfers, over "
-                               f"{MAX_BASELINE_TRANSFERS} (fewer chunks stand for it)")
-                break
-            schedule = build_baseline(name, collective_name, topology, chunks, root, order_bytes=size_bytes)
-            report = verify(schedule, topology, size_bytes)
-            runs.append(BaselineRun(name, chunks, schedule, report))
-            smallest = smallest or (chunks, len(schedule.transfers))
-            progress(f"  baseline {name}/c{chunks}: {report.time_us:.2f} us ({len(schedule.transfers)} transfers)")
-    return BaselineTable(normalize_name(collective_name), topology.name, size_bytes, tuple(runs), tuple(reasons))
+        options += [_Option(name, chunks, routes, count_transfers(cname, topology.num_ranks, chunks * routes.ways,
+                                                                  routes, root)) for chunks in sorted(chunk_options)]
+    footprints: dict[str, _Footprint] = {}
+
+    def footprint(option: _Option) -> _Footprint:
+        if option.name not in footprints:
+            footprints[option.name] = _footprint(cname, topology, option.routes, root, size_bytes)
+        return footprints[option.name]
+
+    left = _within_budget(options, per_schedule, per_table, footprint, skip)
+    runs, fastest_us, spent, over_table, late = [], {}, 0, [], []
+
+    def next_option() -> _Option:
+        if deadline.expired and not runs:
+            return min(left, key=lambda o: o.transfers)       # out of time with none built: the quickest one
+        level = min(o.chunks_per_way for o in left)
+        return min((o for o in left if o.chunks_per_way == level),
+                   key=lambda o: (fastest_us.get(o.name, math.inf), footprint(o).busiest_us))
+
+    while left:
+        option = next_option()
+        left.remove(option)
+        if deadline.expired and runs:
+            late.append(option)
+            continue
+        if runs and spent + option.transfers > per_table:
+            over_table.append(option)
+            continue
+        progress(f"  baseline {option.label}: building {option.transfers} transfers")
+        try:
+            schedule = build_baseline(option.name, cname, topology, option.chunks_per_way, root,
+                                      order_bytes=size_bytes, routes=option.routes)
+        except InputError as exc:
+            reasons.append(f"{option.label}: {exc.problem}")
+            continue
+        report = verify(schedule, topology, size_bytes)
+        runs.append(BaselineRun(option.name, option.chunks_per_way, schedule, report))
+        spent += option.transfers
+        fastest_us[option.name] = min(report.time_us, fastest_us.get(option.name, math.inf))
+        progress(f"  baseline {option.label}: {report.time_us:.2f} us ({len(schedule.transfers)} transfers)")
+    if over_table:
+        skip(f"{', '.join(o.label for o in options if o in over_table)}: not built, the baselines built hold "
+             f"{spent} transfers and the budget of the table is {per_table}")
+    if late:
+        skip(f"{', '.join(o.label for o in options if o in late)}: not built, the time limit was reached")
+    order = {(o.name, o.chunks_per_way): i for i, o in enumerate(options)}
+    runs.sort(key=lambda r: order[(r.name, r.chunks_per_way)])
+    return BaselineTable(cname, topology.name, size_bytes, tuple(runs), tuple(reasons))
+
+
+def _within_budget(options: list[_Option], per_schedule: int, per_table: int,
+                   footprint: Callable[[_Option], _Footprint], skip: Callable[[str], None]) -> list[_Option]:
+    """The options a GPU can hold whose transfers are within ``per_schedule`` (half of it with more chunks than
+    the baseline's fewest); when there is none, the cheapest one a GPU can hold, if it is within ``per_table``.
+    ``skip`` hears why each of the others is left out."""
+    fewest_chunks = min((o.chunks_per_way for o in options), default=1)
+    unloadable = {o.name: why for o in options if o.chunks_per_way == fewest_chunks and o.transfers <= per_schedule
+                  and (why := footprint(o).unloadable)}
+    for name, why in unloadable.items():
+        skip(f"{name}: {why}")
+    loadable = [o for o in options if o.name not in unloadable]
+    fewest = {}
+    for o in loadable:
+        fewest.setdefault(o.name, o.chunks_per_way)
+    left = [o for o in loadable
+            if o.transfers <= (per_schedule if o.chunks_per_way == fewest[o.name] else per_schedule // 2)]
+    for name in fewest:
+        over = [o for o in loadable if o.name == name and o not in left]
+        if over:
+            skip(f"{name}/c{', c'.join(str(o.chunks_per_way) for o in over)}: "
+                 f"{', '.join(str(o.transfers) for o in over)} transfers, over the budget of {per_schedule} per "
+                 f"baseline, {per_schedule // 2} with more chunks than its fewest")
+    if left:
+        return left
+    for cheapest in sorted(loadable, key=lambda o: o.transfers):
+        if cheapest.transfers > per_table:
+            skip(f"none built: the fewest transfers, {cheapest.transfers} of {cheapest.label}, are over the "
+                 f"budget of the table ({per_table}) too")
+            break
+        if cheapest.name in unloadable:
+            continue
+        if why := footprint(cheapest).unloadable:
+            unloadable[cheapest.name] = why
+            skip(f"{cheapest.name}: {why}")
+            continue
+        skip(f"{cheapest.label}: built all the same, no baseline has fewer transfers")
+        return [cheapest]
+    return []
+
+
+@dataclass(frozen=True)
+class _Footprint:
+    """What a baseline's routing says before it is built: why no GPU could hold its program (None: it may fit),
+    and the time its busiest link or switch port needs at the size (us; a lower bound on its replayed time at any
+    chunk count, since more chunks move the same bytes over the same links)."""
+
+    unloadable: str | None
+    busiest_us: float
+
+
+def _footprint(cname: str, topology: Topology, routes: Routes, root: int | None, size_bytes: float) -> _Footprint:
+    """The footprint of a routing, from its edges with one chunk per way. A program needs a threadblock per peer
+    (:func:`backends.msccl.fit.hopeless`); a link or port serialises the bytes it carries (the replay's
+    :class:`~synth.schedule.costmodel.LinkClock`)."""
+    collective = make_collective(cname, topology.num_ranks, routes.ways, root)
+    transfers = routes.explicit(collective)
+    if transfers is None:
+        transfers = [Transfer(p.chunk, u, v, 0) for p in plan_collective(collective, routes)
+                     for u, v in p.reduce_edges + p.copy_edges]
+    unloadable = None
+    if topology.sms_per_gpu is not None and topology.num_ranks - 1 > topology.sms_per_gpu:
+        unloadable = hopeless(Schedule(collective, topology.name, tuple(transfers), 1), topology)
+    per_link = Counter((t.src, t.dst) for t in transfers)
+    chunk_bytes = collective.chunk_bytes(size_bytes) / BYTES_PER_US_PER_GBPS
+    port_bw = topology.port_capacity()
+    busy: dict = {}
+    for (src, dst), count in per_link.items():
+        link = topology.link(src, dst)
+        busy[(src, dst)] = count * chunk_bytes / link.capacity_GBps
+        for port in link.ports:
+            busy[port] = busy.get(port, 0.0) + count * chunk_bytes / min(port_bw[port], link.capacity_GBps)
+    return _Footprint(unloadable, max(busy.values(), default=0.0))
 
 
 def best_baseline(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,

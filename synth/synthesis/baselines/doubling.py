@@ -31,10 +31,15 @@ class DoublingRoutes(Routes):
         return [(v, u) for u, v in reversed(self.spread(root, index))]
 
     def explicit(self, collective):
-        if not (self.butterfly and collective.name == "allreduce"):
+        if self.explicit_count(collective.name, collective.num_ranks, collective.chunks_per_rank) is None:
             return None
         return [Transfer(c.id, r, r ^ (1 << k), k, REDUCE) for k in range(self.rounds)
                 for r in range(self.n) for c in collective.chunks]
+
+    def explicit_count(self, collective_name, num_ranks, chunks_per_rank, root=None):
+        if not (self.butterfly and collective_name == "allreduce"):
+            return None
+        return self.rounds * self.n * num_ranks * chunks_per_rank      # every rank, every chunk, every round
 
 
 def doubling_routes(name: str, butterfly: bool):

@@ -55,8 +55,10 @@ def hierarchical_routes(topology: Topology, collective: str, root) -> Routes:
     per_pair = []
     for k in range(topology.num_nodes):
         nxt = (k + 1) % topology.num_nodes
-        links = [l for l in topology.links if topology.node_of(l.src) == k and topology.node_of(l.dst) == nxt]
         gpn = topology.gpus_per_node
+        # pair by pair: a cluster's fabric links are made on demand, and only these 64 of its 65k matter here
+        links = [l for l in (topology.link(u, v) for u in range(k * gpn, (k + 1) * gpn)
+                             for v in range(nxt * gpn, (nxt + 1) * gpn)) if l is not None]
         links.sort(key=lambda l: (-l.capacity_GBps, (l.src - l.dst) % gpn != 0, l.src, l.dst))
         chosen, used = [], set()
         for link in links:

@@ -7,7 +7,7 @@ import heapq
 from dataclasses import dataclass
 
 from synth.errors import InputError, SynthError
-from synth.model.collectives import Collective
+from synth.model.collectives import Collective, make_collective
 from synth.model.topology import Topology
 from synth.schedule.costmodel import LinkClock
 from synth.schedule.ir import COPY, REDUCE, Transfer
@@ -50,6 +50,10 @@ class Routes:
         """Edges of a path from ``src`` to ``dst``."""
         raise NotImplementedError
 
+    def hops(self, src: int, dst: int, index: int) -> int:
+        """Edges of :meth:`path` (routings that can count them without making the path override this)."""
+        return len(self.path(src, dst, index))
+
     def priority(self, src: int, dst: int, edges: list[Edge]) -> int:
         """Issue priority of a point-to-point chunk among transfers ready at the same time (lower first):
         by default the longest path goes first."""
@@ -62,6 +66,15 @@ class Routes:
     def explicit(self, collective: Collective) -> list[Transfer] | None:
         """A schedule with fixed steps, for algorithms whose steps are not an issue order (None: use routes)."""
         return None
+
+    def explicit_count(self, collective_name: str, num_ranks: int, chunks_per_rank: int,
+                       root: int | None = None) -> int | None:
+        """Transfers :meth:`explicit` makes for that collective (None: it makes none, the routes decide). By
+        default they are made and counted; routings that can count them without making them override this."""
+        if type(self).explicit is Routes.explicit:
+            return None
+        made = self.explicit(make_collective(collective_name, num_ranks, chunks_per_rank, root))
+        return None if made is None else len(made)
 
     def describe(self) -> dict:
         """JSON-ready description of the structure (rings, trees, rails) for the schedule's notes."""
@@ -93,6 +106,40 @@ def plan_collective(collective: Collective, routes: Routes) -> list[ChunkPlan]:
             edges = routes.path(src, dst, index) if src != dst else []
             plans.append(ChunkPlan(c.id, (), tuple(edges), routes.priority(src, dst, edges)))
     return plans
+
+
+def count_transfers(collective_name: str, num_ranks: int, chunks_per_rank: int, routes: Routes,
+                    root: int | None = None) -> int:
+    """How many transfers the schedule of :func:`plan_collective` (or ``routes.explicit``) holds, without making
+    any: what a baseline costs to build, replay and write is known before it is built.
+
+    Exact for routings that keep the contract of :class:`Routes`: a spread (out-tree) reaches every rank but its
+    root once and a collect (in-tree) hears from each of them once, so both have ``n - 1`` edges; a path has
+    :meth:`Routes.hops` edges, and the chunk index picks a way modulo ``routes.ways``. The arguments are those of
+    :func:`synth.model.collectives.make_collective` (``chunks_per_rank`` = C, not per way).
+
+    >>> from synth.synthesis.baselines.all_pairs import AllPairsRoutes
+    >>> count_transfers("alltoall", 4, 2, AllPairsRoutes(4)), count_transfers("allreduce", 4, 1, AllPairsRoutes(4))
+    (24, 24)
+    """
+    explicit = routes.explicit_count(collective_name, num_ranks, chunks_per_rank, root)
+    if explicit is not None:
+        return explicit
+    n, c = num_ranks, chunks_per_rank
+    tree = n - 1
+    if collective_name in ("allgather", "reducescatter"):
+        return n * c * tree
+    if collective_name == "allreduce":
+        return n * c * 2 * tree
+    if collective_name in ("broadcast", "reduce"):
+        return c * tree
+    root = 0 if root is None else root
+    pairs = {"alltoall": ((s, d) for s in range(n) for d in range(n) if s != d),
+             "gather": ((s, root) for s in range(n) if s != root),
+             "scatter": ((root, d) for d in range(n) if d != root)}[collective_name]
+    ways = min(routes.ways, c)
+    uses = [c // ways + (w < c % ways) for w in range(ways)]   # chunk indices j < c with j % ways == w
+    return sum(uses[w] * routes.hops(s, d, w) for s, d in pairs for w in range(ways))
 
 
 def order_plans(plans: list[ChunkPlan], topology: Topology, chunk_bytes: float) -> list[Transfer]:

@@ -18,18 +18,32 @@ def link_resources(link) -> list[tuple]:
     return [("link", link.src, link.dst)] + [("port", *port) for port in link.ports]
 
 
-def _initial_units(topology: Topology) -> dict:
+def ring_links(topology: Topology) -> list:
+    """The links a ring may take: every link of one node; across nodes, the links inside each node and from
+    each node to the next (a multi-node ring crosses each boundary once, in node order). Looked up pair by pair:
+    a composed cluster makes its links on demand, and 256 GPUs have 65k of them, which a ring never uses."""
+    if topology.num_nodes == 1:
+        return list(topology.links)
+    links = []
+    for k in range(topology.num_nodes):
+        inside = _node_members(topology, k)
+        ahead = inside + _node_members(topology, (k + 1) % topology.num_nodes)
+        links += [l for l in (topology.link(u, v) for u in inside for v in ahead if u != v) if l is not None]
+    return links
+
+
+def _initial_units(links: list) -> dict:
     units = {}
-    for link in topology.links:
+    for link in links:
         for r in link_resources(link):
             units[r] = link.lanes if r[0] == "link" else 1
     return units
 
 
-def _residual_caps(topology: Topology, units: dict) -> dict[Edge, float]:
-    """Bandwidth (GB/s) still free on each directed rank pair, in whole lanes."""
+def _residual_caps(links: list, units: dict) -> dict[Edge, float]:
+    """Bandwidth (GB/s) still free on each directed rank pair of ``links``, in whole lanes."""
     caps = {}
-    for link in topology.links:
+    for link in links:
         free = min(units[r] for r in link_resources(link))
         if free > 0:
             caps[(link.src, link.dst)] = free * link.bw_GBps
@@ -156,7 +170,8 @@ def find_ring(topology: Topology, caps: dict[Edge, float] | None = None) -> list
     >>> find_ring(load_topology("dgx1"))      # the NVLink pairs with two lanes
     [0, 1, 3, 2, 6, 7, 5, 4]
     """
-    full = _residual_caps(topology, _initial_units(topology))
+    links = ring_links(topology)
+    full = _residual_caps(links, _initial_units(links))
     caps = full if caps is None else caps
     if topology.num_nodes > 1:
         return _multinode_ring(topology, caps, full)
@@ -168,10 +183,11 @@ def pack_rings(topology: Topology, max_rings: int = 8) -> list[list[int]]:
 
     On DGX-1 this finds six rings, one per NVLink lane of each GPU.
     """
-    units = _initial_units(topology)
+    links = ring_links(topology)
+    units = _initial_units(links)
     rings = []
     while len(rings) < max_rings:
-        ring = find_ring(topology, _residual_caps(topology, units))
+        ring = find_ring(topology, _residual_caps(links, units))
         if ring is None:
             break
         for u, v in _ring_edges(ring):
@@ -204,6 +220,7 @@ class RingRoutes(Routes):
         self.rings = rings
         self.ways = len(rings)
         self.shortest_paths = shortest_paths
+        self._positions = [{r: i for i, r in enumerate(ring)} for ring in rings]
 
     def _ring(self, index):
         return self.rings[index % self.ways]
@@ -214,17 +231,22 @@ class RingRoutes(Routes):
     def collect(self, root, index):
         return chain_to(self._ring(index), root)
 
+    def _ahead(self, src, dst, index) -> dict[int, int]:
+        """Hops from ``src`` to ``dst`` on each ring the chunk may take (every ring with shortest paths)."""
+        ways = range(self.ways) if self.shortest_paths else (index % self.ways,)
+        return {w: (self._positions[w][dst] - self._positions[w][src]) % len(self.rings[w]) for w in ways}
+
     def path(self, src, dst, index):
-        ring = self._ring(index)
-        if self.shortest_paths:
-            n = len(ring)
-            ahead = [(r.index(dst) - r.index(src)) % n for r in self.rings]
-            best = min(ahead)
-            ties = [r for r, a in zip(self.rings, ahead) if a == best]
-            ring = ties[index % len(ties)]
-        edges = chain_from(ring, src)
-        hops = (ring.index(dst) - ring.index(src)) % len(ring)
-        return edges[:hops]
+        ahead = self._ahead(src, dst, index)
+        hops = min(ahead.values())
+        ties = [w for w, a in ahead.items() if a == hops]
+        way = ties[index % len(ties)]
+        ring, p = self.rings[way], self._positions[way][src]
+        n = len(ring)
+        return [(ring[(p + i) % n], ring[(p + i + 1) % n]) for i in range(hops)]
+
+    def hops(self, src, dst, index):
+        return min(self._ahead(src, dst, index).values())
 
     def describe(self):
         return {"rings": [list(r) for r in self.rings]}
@@ -260,8 +282,11 @@ def multi_ring_routes(topology: Topology, collective: str, root) -> Routes:
 
 def node_cycles(topology: Topology, name: str) -> list[list[int]]:
     """A ring inside each node over intra-node links."""
-    caps = {(l.src, l.dst): l.capacity_GBps for l in topology.links
-            if topology.node_of(l.src) == topology.node_of(l.dst)}
+    caps = {}
+    for k in range(topology.num_nodes):     # pair by pair: a cluster's fabric links are made on demand
+        members = _node_members(topology, k)
+        caps.update(((u, v), l.capacity_GBps) for u in members for v in members
+                    if u != v and (l := topology.link(u, v)) is not None)
     cycles = []
     for k in range(topology.num_nodes):
         members = _node_members(topology, k)
