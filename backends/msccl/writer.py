@@ -126,6 +126,14 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
 
 
+def schedule_floor_us(schedule: Schedule, topology: Topology, size_bytes: float) -> float:
+    """No MSCCL file written for ``schedule`` simulates faster than this at ``size_bytes`` (us): its link and port
+    loads (:func:`synth.schedule.costmodel.load_bound_us`), whatever the channels and the merging (``cnt`` up to
+    the runtime's largest). Judged before anything is lowered, so a file that cannot win is never written."""
+    return load_bound_us(((t.src, t.dst) for t in schedule.transfers), topology,
+                         schedule.collective.chunk_bytes(size_bytes), MAX_CNT)
+
+
 def _floor_us(schedule: Schedule, program: MscclProgram, topology: Topology, size_bytes: int | None) -> float:
     """No lowering of ``schedule`` simulates faster than this (0 without a size: nothing is timed)."""
     if not size_bytes:

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backends.msccl.lowering import DEFAULT_MAX_BYTES
-from backends.msccl.writer import EmittedXml, check_target_knows, emit_verified_xml
+from backends.msccl.writer import EmittedXml, check_target_knows, emit_verified_xml, schedule_floor_us
 from synth.errors import BackendError, InputError, VerificationError
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.solver.deadline import Deadline
@@ -207,6 +207,10 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
         if candidate.report.time_us >= best and not is_baseline(candidate):
             writer.keep(pending)
             continue                        # its optimistic replay is already slower than a simulated file
+        if is_baseline(candidate) and _cannot_beat_written_baseline(candidate, written, is_baseline, request,
+                                                                    progress):
+            writer.keep(pending)
+            continue
         if request.deadline.expired:
             take(candidate)
             continue
@@ -297,6 +301,25 @@ class _Writer:
 # The ``--json`` status of a plan found when the time limit cut the search (the plan's own status is kept as
 # ``plan_status``).
 TIME_LIMIT_STATUS = "time-limit"
+
+
+def _cannot_beat_written_baseline(candidate: Candidate, written: list[WrittenCandidate],
+                                  is_baseline: Callable[[Candidate], bool], request: SynthesisRequest,
+                                  progress: Progress) -> bool:
+    """Whether no file of this baseline can simulate faster than a baseline file already written: its link and
+    port loads alone take longer (:func:`backends.msccl.writer.schedule_floor_us`, a sound bound, where the
+    replay is not). Such a file changes neither the choice nor the best-baseline figure, and at 256 GPUs writing
+    one costs minutes (a halving-doubling Allreduce 8x slower than the hierarchical one)."""
+    done = [w for w in written if is_baseline(w.candidate)]
+    if not done:
+        return False
+    best = min(done, key=lambda w: w.simulated_us)
+    floor = schedule_floor_us(candidate.result.schedule, request.topology, request.size_bytes)
+    if floor < best.simulated_us:
+        return False
+    progress(f"  {candidate.label} not written: its links alone need {floor:.2f} us, and "
+             f"{best.candidate.label} simulates at {best.simulated_us:.2f} us")
+    return True
 
 
 def _program_size(candidate: Candidate) -> tuple[int, float]:

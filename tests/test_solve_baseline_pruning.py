@@ -1,0 +1,37 @@
+"""Baseline files that cannot beat a baseline already written are not written (their link loads alone are
+slower), and skipping them changes neither the choice nor the best-baseline figure."""
+
+from __future__ import annotations
+
+import pytest
+
+from backends.msccl.writer import emit_verified_xml, schedule_floor_us
+from synth.model.topology import load_topology
+from synth.synthesis.baselines import build_baseline
+from synth.synthesis.method import Method
+from synth.synthesis.request import SynthesisRequest
+from synth.synthesis.solve import solve
+
+GIB = 1 << 30
+
+
+def test_a_baseline_whose_links_alone_are_slower_is_not_written():
+    lines: list[str] = []
+    s = solve(SynthesisRequest(load_topology("fully-connected-8"), "allgather", GIB, method=Method.TREES),
+              progress=lines.append)
+    assert "  baseline/all-pairs/c2 not written: its links alone need 5369.41 us, and baseline/all-pairs/c1 " \
+           "simulates at 5369.41 us" in lines
+    assert not any(line.startswith("  writing baseline/all-pairs/c2") for line in lines)
+    assert s.baseline.candidate.label == "baseline/all-pairs/c1"
+    assert s.baseline.simulated_us == pytest.approx(5369.41, abs=0.01)
+
+
+@pytest.mark.parametrize("topology, collective, baseline", [
+    ("dgx1", "allreduce", "bidir-ring"), ("ring-8", "reducescatter", "ring"), ("dgx1", "alltoall", "ring"), ("dgx2", "alltoall", "all-pairs"),
+    ("fully-connected-8", "allgather", "all-pairs")])
+def test_the_floor_is_below_every_written_file(topology, collective, baseline):
+    topo = load_topology(topology)
+    for chunks in (1, 2):
+        schedule = build_baseline(baseline, collective, topo, chunks, order_bytes=GIB)
+        written = emit_verified_xml(schedule, topo, "executor", GIB)
+        assert schedule_floor_us(schedule, topo, GIB) <= written.simulated_us * (1 + 1e-9)
