@@ -167,13 +167,15 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         if best is None or _closer(fit, best):
             best = fit
         kinds = {f.kind for f in fit.broken}
-        if kinds - {"steps-per-tb"}:       # too many tbs or channels: more channels cannot help
+        crowding = _most_on_a_channel(fit.program) / MAX_TBS_PER_CHANNEL_DIRECTION if "tb-connection" in kinds else 0
+        # too many tbs or channels: more channels cannot help; too many peers on one channel: they can
+        if kinds - {"steps-per-tb"} - ({"tb-connection"} if crowding > 1 else set()):
             if channels == 1:
                 break
             channels = max(1, channels - max(1, channels // 4))
             max_cnt = min(MAX_CNT, max_cnt + max(1, max_cnt // 2))
             continue
-        over = fit.steps_per_tb / limit
+        over = max(fit.steps_per_tb / limit, crowding)
         most = _most_channels(fit, channels, sms, fuse)
         wanted = max(channels + 1, ceil(channels * over))
         if wanted <= most:
@@ -220,6 +222,14 @@ def _most_channels(fit: Fit, channels: int, sms: int | None, fuse: bool) -> int:
     if sms is not None:
         most = min(most, max(1, int(sms / per_channel)))
     return max(1, min(most, MAX_TBS_PER_CHANNEL_DIRECTION * MAX_CHANNELS))
+
+
+def _most_on_a_channel(program: MscclProgram) -> int:
+    """The most threadblocks of one GPU that send (or receive) on one channel; the runtime allows
+    :data:`~backends.msccl.limits.MAX_TBS_PER_CHANNEL_DIRECTION`."""
+    counts = Counter((gpu.id, tb.chan, direction) for gpu in program.gpus for tb in gpu.tbs
+                     for direction, peer in (("send", tb.send), ("recv", tb.recv)) if peer >= 0)
+    return max(counts.values(), default=0)
 
 
 def _closer(a: Fit, b: Fit) -> bool:

@@ -35,7 +35,6 @@ from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadbloc
 from backends.msccl.limits import MAX_CHANNELS, MAX_TBS_PER_CHANNEL_DIRECTION
 
 DEFAULT_MAX_BYTES = 1 << 40
-PEER_SLACK = 4     # threadblocks per channel and direction kept free when peers are split over channels
 TARGETS = ("executor", "legacy")
 
 
@@ -355,7 +354,7 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
     """:func:`lower_to_msccl` without the memo."""
     plans, layout = planned.plans(fuse) if planned is not None else _plan_ops(schedule, fuse)
     buckets = _peer_buckets(schedule)
-    spread = None if channels <= 1 and buckets == 1 else _spread_over_channels(schedule, channels, group, buckets)
+    spread = None if channels <= 1 and not buckets else _spread_over_channels(schedule, channels, group, buckets)
     unfused = []       # ops unfused per round
     for _ in range(UNFUSE_ROUNDS):
         bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
@@ -416,24 +415,50 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
         previous[port] = op
 
 
-def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1, buckets: int = 1) -> dict:
+def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1,
+                          buckets: dict[tuple[int, int], int] | None = None) -> dict:
     """Channel of every transfer (by id): :func:`spread_index` of its chunk (both ends of a connection agree),
-    in one of ``buckets`` sets of ``channels`` chosen by the connection (:func:`_peer_buckets`)."""
-    return {id(t): spread_index(t.chunk, channels, group) + channels * ((t.src + t.dst) % buckets)
+    in the set of ``channels`` that ``buckets`` gives its connection (:func:`_peer_buckets`; none: set 0)."""
+    buckets = buckets or {}
+    return {id(t): spread_index(t.chunk, channels, group) + channels * buckets.get((t.src, t.dst), 0)
             for t in schedule.transfers}
 
 
-def _peer_buckets(schedule: Schedule) -> int:
-    """Sets of channels a rank's peers are spread over: a channel holds at most 32 sending and 32 receiving
-    threadblocks per GPU, one per peer in the plain lowering, so a rank with more peers in one direction puts
-    connection (src, dst) in set ``(src + dst) % buckets`` (even at both ends); a little slack absorbs the
-    unevenness of that split."""
+def _peer_buckets(schedule: Schedule) -> dict[tuple[int, int], int]:
+    """The set of channels each connection (src, dst) goes on, for ranks with more peers in one direction than a
+    channel holds (32 sending and 32 receiving threadblocks per GPU, one per peer in the plain lowering); empty
+    when every rank fits one set.
+
+    Whole connections are placed in order, each in the set where its sender's sends and its receiver's receives
+    are fewest together, never over the limit; a set more is opened if that ever fails. (A hash of the peers
+    cannot do it: at 32 x dgx-h100 on rails, GPU 0's 31 rail peers are all multiples of 8.)
+    """
     peers: dict[tuple[int, int], set[int]] = defaultdict(set)
     for t in schedule.transfers:
         peers[(t.src, 0)].add(t.dst)
         peers[(t.dst, 1)].add(t.src)
     most = max((len(p) for p in peers.values()), default=0)
-    return max(1, -(-most // (MAX_TBS_PER_CHANNEL_DIRECTION - PEER_SLACK)))
+    if most <= MAX_TBS_PER_CHANNEL_DIRECTION:
+        return {}
+    connections = sorted({(src, dst) for (src, direction), dsts in peers.items() if direction == 0 for dst in dsts})
+    count = -(-most // MAX_TBS_PER_CHANNEL_DIRECTION)
+    while True:
+        sends: dict[int, list[int]] = defaultdict(lambda: [0] * count)
+        recvs: dict[int, list[int]] = defaultdict(lambda: [0] * count)
+        bucket_of = {}
+        for src, dst in connections:
+            out, into = sends[src], recvs[dst]
+            free = [b for b in range(count)
+                    if out[b] < MAX_TBS_PER_CHANNEL_DIRECTION and into[b] < MAX_TBS_PER_CHANNEL_DIRECTION]
+            if not free:
+                break
+            b = min(free, key=lambda b: (out[b] + into[b], b))
+            out[b] += 1
+            into[b] += 1
+            bucket_of[(src, dst)] = b
+        else:
+            return bucket_of
+        count += 1
 
 
 def spread_index(chunk: int, channels: int, group: int = 1) -> int:
