@@ -117,7 +117,8 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     rule : how transfers that can start at the same time are ranked after ``own_first``: ``"work"`` prefers
         the link whose busiest resource (the link or one of its switch ports) has the most unbooked work left,
         then the longest remaining path; ``"tail"`` uses the remaining path only; ``"rank"`` uses ``rank``
-        first, then the remaining path.
+        first, then the remaining path; ``"deadline"`` takes ``rank`` as each transfer's due time (us) and
+        prefers the least slack, ``rank`` minus the remaining path (a chunk with far to go leaves first).
     fifo_depth : messages a connection holds before its sender waits (the runtime's, by default); None books
         as the replay does, with unbounded buffers and data usable on arrival.
 
@@ -157,7 +158,7 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     for li in link_of:
         for k, b in res_of_link[li]:
             remaining[k] = remaining.get(k, 0.0) + b
-    if rule not in ("work", "tail", "rank"):
+    if rule not in ("work", "tail", "rank", "deadline"):
         raise ValueError(f"unknown rule {rule!r}; use work, tail or rank")
     use_work = rule == "work"
     future: list[list] = [[] for _ in range(nlinks)]    # (ready, prio..., i)
@@ -172,8 +173,11 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     dst_of = [topology.links[li].dst for li in range(nlinks)]
 
     by_rank = rule == "rank"
+    by_deadline = rule == "deadline"
 
     def prio(i: int):
+        if by_deadline:
+            return (not own[i], tie[i] - tail[i], i)
         return (not own[i], tie[i], -tail[i], i) if by_rank else (not own[i], -tail[i], tie[i], i)
 
     def link_key(li: int):
