@@ -1,0 +1,41 @@
+"""How the plain lowering spreads a long connection over channels and which dependencies it writes: the program
+must run in the schedule's order on every link (so it runs as planned) with as few threadblocks and steps as it
+can (the executor's 64 steps per threadblock, one threadblock per SM)."""
+
+from collections import Counter
+
+import pytest
+
+from backends.msccl.lowering import lower_to_msccl, render_msccl_xml
+from backends.msccl.simulate import simulate_program
+from backends.msccl.verdict import check_text
+from synth.model.topology import load_topology
+from synth.synthesis.trees import synthesize_trees
+
+GB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def dgx1():
+    return load_topology("dgx1")
+
+
+def test_channels_take_a_connections_messages_in_turn(dgx1):
+    # tree packing puts runs of one tree's chunks on a link; spread by chunk id, another channel's threadblock
+    # overtook them and the file ran 5% slower than planned; by position on the connection it runs as planned
+    schedule = synthesize_trees(dgx1, "allgather", GB, chunks=16).schedule
+    planned = max(t.end_us for t in schedule.transfers)
+    program = lower_to_msccl(schedule, topology=dgx1, fuse=False, channels=4)
+    assert simulate_program(program, dgx1, GB).time_us == pytest.approx(planned, rel=1e-9)
+    # a connection over one NVLink (half the messages of a double one) takes half the threadblocks
+    send_tbs = Counter((g.id, tb.send) for g in program.gpus for tb in g.tbs if tb.send >= 0)
+    assert (send_tbs[(0, 1)], send_tbs[(0, 2)]) == (4, 2)
+
+
+def test_a_write_after_reads_waits_for_the_readers_only(dgx1):
+    # Allreduce's second half overwrites each chunk its first half sent on: waiting for that send already orders
+    # it after the reduction the send read, so no nop step carries a second dependency (332 nops before)
+    schedule = synthesize_trees(dgx1, "allreduce", GB, chunks=16).schedule
+    program = lower_to_msccl(schedule, topology=dgx1, fuse=False, channels=2)
+    assert not any(step.type == "nop" for g in program.gpus for tb in g.tbs for step in tb.steps)
+    assert check_text(render_msccl_xml(program), "<allreduce>", "executor").errors() == []
