@@ -109,3 +109,16 @@ def test_alltoall_and_bad_chunks_are_refused():
         synthesize_trees(topo, "alltoall", GB)
     with pytest.raises(InputError, match="chunks per rank must be a power of two, got 3"):
         synthesize_trees(topo, "allgather", GB, chunks=3)
+
+
+def test_auto_skips_the_slower_searches_when_trees_reach_the_limit():
+    # dgx-h100 Allgather 1 GB: trees replay within 1% of the limit, so the step and alpha-beta searches (whose
+    # MILP could only be that much faster, and ran minutes on dgx2 Broadcast) are not run
+    from synth.synthesis.request import SynthesisRequest
+    from synth.synthesis.select import verified_candidates
+
+    heard = []
+    found = verified_candidates(SynthesisRequest(load_topology("dgx-h100"), "allgather", 1 << 30), heard.append)
+    assert any("step and alpha-beta searches skipped" in line for line in heard)
+    assert {c.label.split("/")[0] for c in found} <= {"trees", "baseline"}
+    assert any(c.label.startswith("trees/") for c in found)
