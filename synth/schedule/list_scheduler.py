@@ -259,7 +259,7 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
 
 
 def reverse_in_time(forward: Schedule, topology: Topology, collective: Collective, size_bytes: float, method: str,
-                    fifo_depth: int | None = RUNTIME_FIFO_DEPTH) -> Schedule:
+                    fifo_depth: int | None = RUNTIME_FIFO_DEPTH, rule: str = "rank") -> Schedule:
     """An in-tree ``collective`` on ``topology`` (ReduceScatter, Reduce, Gather) from the schedule ``forward`` of
     its broadcast-type dual on the reversed topology: every chunk takes the reversed
     route, and the transfers are booked forward in time (:func:`list_schedule`, with the runtime's FIFOs),
@@ -270,7 +270,8 @@ def reverse_in_time(forward: Schedule, topology: Topology, collective: Collectiv
     connection's messages in order: at the runtime's FIFO depth a reversed tree schedule stalls (dgx1
     ReduceScatter 1 GB simulated 27% slower than replayed). Booked forward, the plan is what runs, and taking
     the reversal's order where transfers compete keeps the forward schedule's pipelining. Chunk ids are those
-    of ``forward`` (true of the duals of :mod:`synth.schedule.transforms`).
+    of ``forward`` (true of the duals of :mod:`synth.schedule.transforms`). ``rule="deadline"`` takes the
+    reversed start times as due times and books the least slack first (:func:`list_schedule`).
     """
     ordered = forward.ordered()
     ends = [t.end_us for t in ordered]
@@ -285,7 +286,7 @@ def reverse_in_time(forward: Schedule, topology: Topology, collective: Collectiv
         order[(t.chunk, li)] = span - t.end_us if timed else -position
     rank = np.array([order[(c, li)] for c, route in enumerate(routes) for li in route])
     return list_schedule(topology, collective, [tuple(r) for r in routes], size_bytes, method, rank=rank,
-                         rule="rank", fifo_depth=fifo_depth, notes=forward.notes)
+                         rule=rule, fifo_depth=fifo_depth, notes=forward.notes)
 
 
 class _Fifos:

@@ -213,7 +213,10 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
         phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options)
         forward = list_schedule(reversed_topology, make_collective(dual, topology.num_ranks, chunks, problem.root),
                                 phase.routes, size_bytes, "trees", fifo_depth=None, **_by_progress(phase))
-        return reverse_in_time(forward, topology, _collective(problem, chunks), size_bytes, "trees"), [phase]
+        # with one root, least slack first as the forward packing (dgx1 Reduce 1 GB: 98.9% against 98.8%)
+        rule = "deadline" if phase.roots == 1 else "rank"
+        return reverse_in_time(forward, topology, _collective(problem, chunks), size_bytes, "trees",
+                               rule=rule), [phase]
     reduction = reduction_for(problem)
     if reduction is not None:
         solved = [_schedule(sub, size_bytes, options) for sub in reduction.apply()]
