@@ -84,6 +84,18 @@ def test_only_the_solver_module_imports_highspy():
     assert sorted({src for src, dst in IMPORTS if dst.split(".")[0] == "highspy"}) == ["synth.solver.highs"]
 
 
+def test_the_sweep_uses_the_one_set_of_executor_helpers():
+    """Pools and Dask are defined once, below the sweep (``synth solve`` writes candidates with them too)."""
+    from synth.sweep import workers
+    from synth.synthesis import parallel
+
+    defined = {n.name for n in ast.parse((ROOT / "synth/sweep/workers.py").read_text()).body
+               if isinstance(n, ast.FunctionDef)}
+    assert defined <= {"local_pool", "open_executor"}          # thin: the sweep's preload, nothing else
+    assert workers.check_scheduler_address is parallel.check_scheduler_address
+    assert workers.dask_cluster is parallel.dask_cluster and workers.default_workers is parallel.default_workers
+
+
 def _heavy_modules_after(argv: list[str]) -> tuple[str, str]:
     code = ("import sys; from synth.cli import main\n"
             f"try:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"

@@ -113,25 +113,29 @@ def echo_err(message: str) -> None:
     click.echo(message, err=True)
 
 
-def solver_options_for(time_limit_s: float = 60.0, time_limit_help: str | None = None, threads_help: str | None = None):
-    """--time-limit, --mip-gap, --threads, --seed for a command that runs the solver (defaults per command)."""
+def option_group(options: list):
+    """One decorator that applies ``options`` (click decorators) in the order they are listed in ``--help``."""
     def decorate(func):
-        options = [
-            click.option("--time-limit", type=FiniteFloat(0.1, MAX_TIME_LIMIT_S), default=time_limit_s,
-                         show_default=True,
-                         help=time_limit_help or "Solver wall-clock limit in seconds; the best schedule found by "
-                                                 "then is used."),
-            click.option("--mip-gap", type=FiniteFloat(0.0, 1.0), default=0.0, show_default=True,
-                         help="Relative MIP gap at which the solver may stop."),
-            click.option("--threads", type=click.IntRange(1, MAX_SOLVER_THREADS), default=None,
-                         help=threads_help or "Solver threads (default: HiGHS' choice)."),
-            click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
-                         help="Solver random seed."),
-        ]
         for option in reversed(options):
             func = option(func)
         return func
     return decorate
+
+
+def solver_options_for(time_limit_s: float = 60.0, time_limit_help: str | None = None, threads_help: str | None = None):
+    """--time-limit, --mip-gap, --threads, --seed for a command that runs the solver (defaults per command)."""
+    return option_group([
+        click.option("--time-limit", type=FiniteFloat(0.1, MAX_TIME_LIMIT_S), default=time_limit_s,
+                     show_default=True,
+                     help=time_limit_help or "Solver wall-clock limit in seconds; the best schedule found by "
+                                             "then is used."),
+        click.option("--mip-gap", type=FiniteFloat(0.0, 1.0), default=0.0, show_default=True,
+                     help="Relative MIP gap at which the solver may stop."),
+        click.option("--threads", type=click.IntRange(1, MAX_SOLVER_THREADS), default=None,
+                     help=threads_help or "Solver threads (default: HiGHS' choice)."),
+        click.option("--seed", type=click.IntRange(0, 2**31 - 1), default=0, show_default=True,
+                     help="Solver random seed."),
+    ])
 
 
 solver_options = solver_options_for()
@@ -165,12 +169,28 @@ def nodes_option(help_text: str = "Compose this many copies of a single-node top
                      help="Rail fabric: leaf-to-spine oversubscription (1 = non-blocking; 2 = each leaf's uplink "
                           "carries half of what its NICs can send)."),
     ]
+    return option_group(options)
 
-    def decorate(func):
-        for option in reversed(options):
-            func = option(func)
-        return func
-    return decorate
+
+def workers_options(work: str, workers_help: str):
+    """``--workers N`` and ``--scheduler ADDRESS``: where ``work`` runs (the command takes ``workers, scheduler``
+    and calls :func:`check_workers` before any work)."""
+    return option_group([
+        click.option("--workers", type=click.IntRange(1, MAX_SOLVER_THREADS), default=None, help=workers_help),
+        click.option("--scheduler", default=None, metavar="ADDRESS",
+                     help=f"Run {work} on a Dask distributed cluster, e.g. tcp://host:8786 (pip install "
+                          "distributed; synth importable on its workers)."),
+    ])
+
+
+def check_workers(workers: int | None, scheduler: str | None) -> None:
+    """Refuse ``--workers`` with ``--scheduler``, and a scheduler address that cannot be read, before any work."""
+    if workers is not None and scheduler:
+        raise click.UsageError("give --workers or --scheduler, not both")
+    if scheduler is not None:
+        from synth.synthesis.parallel import check_scheduler_address
+
+        check_scheduler_address(scheduler)
 
 
 def check_root(collective: str, root: int | None) -> None:

@@ -16,8 +16,8 @@ import click
 
 from synth.model.collectives import COLLECTIVES, normalize_name
 from synth.units import format_size
-from synth.cli._common import (MAX_CHUNKS, MAX_SOLVER_THREADS, MAX_STEPS, MAX_TIME_LIMIT_S, FiniteFloat,
-                               check_output_dir, check_root, is_tty, nodes_option, solver_options_for)
+from synth.cli._common import (MAX_CHUNKS, MAX_STEPS, MAX_TIME_LIMIT_S, FiniteFloat, check_output_dir, check_root,
+                               check_workers, is_tty, nodes_option, solver_options_for, workers_options)
 from synth.synthesis.method import Method
 from synth.model.topology import MAX_RANKS
 
@@ -135,10 +135,7 @@ def _size_table(plan, algorithms) -> None:
               help="Alpha-beta formulation.")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Directory for frontier.json, frontier.png/.svg, README.txt and the msccl/ bundle.")
-@click.option("--workers", type=click.IntRange(1, MAX_SOLVER_THREADS), default=None,
-              help="Local worker processes (default: one per CPU; 1 solves in this process).")
-@click.option("--scheduler", default=None, metavar="ADDRESS",
-              help="Run the solves on a Dask distributed cluster, e.g. tcp://host:8786 (pip install distributed).")
+@workers_options("the solves", "Local worker processes (default: one per CPU; 1 solves in this process).")
 @click.option("--target", type=click.Choice(["executor", "legacy"]), default="executor", show_default=True,
               help="MSCCL runtime of the bundle: the executor in NCCL >= 2.23, or the legacy MSCCL fork.")
 @click.option("--proto", type=click.Choice(["Simple", "LL", "LL128"]), default="Simple", show_default=True,
@@ -160,12 +157,8 @@ def pareto(collective, topology, nodes, fabric, oversubscription, sketch, root, 
       synth pareto alltoall --topology dgx1 --scheduler tcp://10.0.0.5:8786 -o out/
     """
     from synth.sweep.sizes import parse_size_range, size_grid
-    from synth.sweep.workers import check_scheduler_address
 
-    if workers is not None and scheduler:
-        raise click.UsageError("give --workers or --scheduler, not both")
-    if scheduler is not None:
-        check_scheduler_address(scheduler)
+    check_workers(workers, scheduler)
     name = normalize_name(collective)
     check_root(name, root)
     grid = None

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from synth.cli._common import (MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, check_root, echo_err, nodes_option,
-                               solver_options_for)
+from synth.cli._common import (MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, check_root, check_workers, echo_err,
+                               nodes_option, solver_options_for, workers_options)
 from synth.cli._progress import ProgressLog
 from synth.errors import InputError
 from synth.fileio import OutputPlan
@@ -58,13 +58,16 @@ SOLVE_TIME_LIMIT_S = 300.0
               help="Skip NCCL-style baselines (by default they compete when S/R/C are left open, and every "
                    "report compares with the best one).")
 @click.option("--json", "as_json", is_flag=True, help="Print a machine-readable report on stdout.")
+@workers_options("the writing of candidates", "Local worker processes that write candidates (lower, lint, execute, "
+                 "simulate) at once; the file chosen is the same as with 1 (the default: here, one by one). Each "
+                 "holds one candidate's program in memory: about 1 GB at 256 GPUs.")
 @solver_options_for(SOLVE_TIME_LIMIT_S, time_limit_help="Wall-clock limit of the whole command in seconds: the "
                     "search gets the time left (HiGHS calls included) and the best verified plan found by then is "
                     "written, with status time-limit.")
 def solve(collective, topology, nodes, fabric, oversubscription, size, method, sketch, steps, rounds, chunks, root,
           output, schedule_out,
-          target, proto, min_bytes, max_bytes, write_model, no_baseline, as_json, time_limit, mip_gap, threads,
-          seed):
+          target, proto, min_bytes, max_bytes, write_model, no_baseline, as_json, workers, scheduler, time_limit,
+          mip_gap, threads, seed):
     """Synthesize COLLECTIVE on a topology, verify it by replay, and write MSCCL XML.
 
     \b
@@ -72,12 +75,14 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
       synth solve allgather --topology dgx1 -o allgather.xml
       synth solve allgather --topology dgx1 --steps 3 --rounds 7 --chunks 6 --json
       synth solve allgather --topology ndv2-2node-tecc --size 1GB --sketch ndv2-tecc-relay -o ag.xml
+      synth solve allgather --topology dgx-h100 --nodes 8 --fabric rail --size 1GB --workers 2 -o ag.xml
     """
     deadline = Deadline.after(time_limit)           # the whole command, input checks and writing included
     from synth.model.topology import load_topology
     from synth.solver.highs import SolverOptions
+    from synth.synthesis.parallel import open_executor
     from synth.synthesis.request import SynthesisRequest
-    from synth.synthesis.solve import XmlRequest, solve as solve_request, step_model_text
+    from synth.synthesis.solve import WRITER_PRELOAD, XmlRequest, solve as solve_request, step_model_text
 
     outputs = OutputPlan()
     outputs.declare("-o", output)
@@ -85,6 +90,7 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
     outputs.declare("--write-model", write_model)
     if write_model and Path(write_model).suffix not in (".lp", ".mps"):
         raise InputError("--write-model", write_model, "give a file ending in .lp or .mps")
+    check_workers(workers, scheduler)
     name = normalize_name(collective)
     check_root(name, root)
     size_bytes = parse_size(size)
@@ -97,8 +103,9 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
                                include_baselines=not no_baseline, target=target, deadline=deadline)
     echo_err(f"synth: {name} on {topo.name} ({topo.num_ranks} ranks), size {format_size(size_bytes)}, time limit "
              f"{time_limit:g} s")
-    with progress:
-        solution = solve_request(request, XmlRequest(proto, min_bytes, max_bytes), progress=progress)
+    # a Dask scheduler is reached before any search; local workers start when the first candidate is written
+    with open_executor(workers or 1, scheduler, WRITER_PRELOAD) as (executor, slots), progress:
+        solution = solve_request(request, XmlRequest(proto, min_bytes, max_bytes), progress, executor, slots)
     chosen = solution.chosen
     result, replay = chosen.candidate.result, chosen.candidate.report
     schedule = result.schedule

@@ -16,10 +16,18 @@ Under a deadline (``request.deadline``, ``synth solve --time-limit``) the search
 deadline (phases that cannot start are skipped, HiGHS calls get the time left), and candidates are written
 fastest first until the command's deadline passes: the best verified file found by then is the answer, and the
 solution says that the time limit cut the search (:attr:`Solution.time_limited`).
+
+Writing is the slow part at cluster scale (minutes per candidate at 64-256 GPUs), and each write is independent:
+with an executor (``synth solve --workers N`` or ``--scheduler``, :mod:`synth.synthesis.parallel`) candidates are
+written ahead, several at once, while the loop above still takes each file in its own order and applies its own
+rule, so the choice and the file are those of the one-by-one run. At the deadline, writes still running are
+dropped; files written ahead by then count.
 """
 
 from __future__ import annotations
 
+import concurrent.futures as cf
+import functools
 import math
 import os
 import tempfile
@@ -30,6 +38,7 @@ from backends.msccl.lowering import DEFAULT_MAX_BYTES
 from backends.msccl.writer import EmittedXml, check_target_knows, emit_verified_xml
 from synth.errors import BackendError, InputError, VerificationError
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.solver.deadline import Deadline
 from synth.solver.highs import Status
 from synth.formulations.steps import encode_steps
 from synth.solver.highs import write_model
@@ -107,9 +116,13 @@ class Solution:
         }
 
 
-def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: Progress = lambda message: None
-          ) -> Solution:
+def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: Progress = lambda message: None,
+          executor: cf.Executor | None = None, slots: int = 0) -> Solution:
     """Every verified candidate for ``request``; the one whose MSCCL file simulates fastest wins.
+
+    ``executor`` (:func:`synth.synthesis.parallel.open_executor`) writes up to ``slots`` candidates at once, ahead
+    of the loop that chooses; the loop still takes them in its own order and under its own rule, so the choice,
+    the file and the report are those of writing them here one by one (None).
 
     >>> from synth.model.topology import load_topology
     >>> s = solve(SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20))
@@ -137,15 +150,43 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
         return may_win(w.candidate)
 
     time_limited = request.search_deadline.expired
+    writer = _Writer(request, xml, progress, executor, slots)
     written: list[WrittenCandidate] = []
     refusals: list[str] = []
     broken: list[str] = []          # candidates whose lowering failed its own check (a bug; never written)
+
+    def best_us() -> float:
+        return min((w.simulated_us for w in written if eligible(w)), default=math.inf)
+
+    def take(candidate: Candidate, deadline: Deadline | None = None) -> bool:
+        """Record ``candidate``'s file (waiting at most until ``deadline``); False when the deadline came first."""
+        try:
+            emitted = writer.wait(candidate, deadline)
+        except BackendError as exc:
+            refusals.append(f"{candidate.label}: {exc}")
+            progress(f"  {candidate.label} cannot be written: {exc}")
+            return True
+        except VerificationError as exc:    # a bug of the lowering: that file is never written, the others compete
+            broken.append(f"{candidate.label}: {exc}")
+            progress(f"  {candidate.label} failed its verification and is skipped (please report): {exc}")
+            return True
+        if emitted is None:
+            return False
+        progress(f"  {candidate.label}: plan {candidate.report.time_us:.2f} us, simulated "
+                 f"{emitted.simulated_us:.2f} us")
+        written.append(WrittenCandidate(candidate, emitted))
+        return True
+
     pending = list(candidates)
     while pending:
-        best = min((w.simulated_us for w in written if eligible(w)), default=math.inf)
         if request.deadline.expired:
             time_limited = True
-            if best < math.inf:
+            # files written ahead by now still count: in the loop's order and under its rule
+            for candidate in [c for c in pending if writer.finished(c)]:
+                pending.remove(candidate)
+                if candidate.report.time_us < best_us() or is_baseline(candidate):
+                    take(candidate)
+            if best_us() < math.inf:
                 # a baseline is still written if none was (never slower than the runtime's own choice): the
                 # smallest program, the quickest to write and the likeliest to fit
                 safety = [] if any(is_baseline(w.candidate) for w in written) else sorted(
@@ -154,30 +195,26 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
                     progress(f"  time limit reached: {len(pending) - len(safety)} slower candidate(s) not written"
                              + (" (a baseline still is)" if safety else ""))
                 pending = safety
+                writer.keep(pending)
                 if not pending:
                     break
             # out of time with nothing written yet: the smallest program first (the quickest to write, and
             # the likeliest to fit the runtime)
             pending.sort(key=lambda c: (not may_win(c), _program_size(c)))
+        best = best_us()
         candidate = pending.pop(0)
         if candidate.report.time_us >= best and not is_baseline(candidate):
+            writer.keep(pending)
             continue                        # its optimistic replay is already slower than a simulated file
-        progress(f"  writing {candidate.label} as MSCCL XML (lower, lint, execute, simulate)")
-        try:
-            emitted = emit_verified_xml(candidate.result.schedule, request.topology, request.target,
-                                        request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
-                                        max_bytes=xml.max_bytes)
-        except BackendError as exc:
-            refusals.append(f"{candidate.label}: {exc}")
-            progress(f"  {candidate.label} cannot be written: {exc}")
+        if request.deadline.expired:
+            take(candidate)
             continue
-        except VerificationError as exc:    # a bug of the lowering: that file is never written, the others compete
-            broken.append(f"{candidate.label}: {exc}")
-            progress(f"  {candidate.label} failed its verification and is skipped (please report): {exc}")
-            continue
-        progress(f"  {candidate.label}: plan {candidate.report.time_us:.2f} us, simulated "
-                 f"{emitted.simulated_us:.2f} us")
-        written.append(WrittenCandidate(candidate, emitted))
+        # written ahead on the executor: first what the loop will surely write (the baselines), then what it may
+        # (a replay slower than a simulated file now stays slower: the best only improves)
+        writer.ahead([candidate] + [c for c in pending if is_baseline(c)]
+                     + [c for c in pending if c.report.time_us < best and not is_baseline(c)])
+        if not take(candidate, request.deadline):
+            pending.insert(0, candidate)    # the time ran out while it was written: the branch above decides
     if not any(eligible(w) for w in written):
         if broken:
             raise VerificationError("no candidate could be written: " + "; ".join(broken + refusals))
@@ -188,6 +225,68 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     comparison = compare_with_limits(request, chosen.simulated_us, None if base is None else
                                      (base.candidate.label.removeprefix("baseline/"), base.simulated_us))
     return Solution(request, tuple(candidates), chosen, base, comparison, tuple(refusals + broken), time_limited)
+
+
+# What a local worker imports before it forks to write candidates (:func:`synth.synthesis.parallel.local_pool`).
+WRITER_PRELOAD = ("backends.msccl.writer",)
+
+
+class _Writer:
+    """Writes candidates' files for :func:`solve`: here when the loop asks for one, or ahead of it on an
+    executor, up to ``slots`` at once. Candidates are keyed by identity (the loop's own objects)."""
+
+    def __init__(self, request: SynthesisRequest, xml: XmlRequest, progress: Progress,
+                 executor: cf.Executor | None, slots: int):
+        self.request, self.xml, self.progress = request, xml, progress
+        self.executor = executor
+        self.slots = max(1, slots) if executor is not None else 0
+        self.futures: dict[int, cf.Future] = {}
+
+    def _job(self, candidate: Candidate) -> Callable[[], EmittedXml]:
+        """Writing ``candidate``'s file, as a call that can be pickled to a worker; announced here."""
+        self.progress(f"  writing {candidate.label} as MSCCL XML (lower, lint, execute, simulate)")
+        request, xml = self.request, self.xml
+        return functools.partial(emit_verified_xml, candidate.result.schedule, request.topology, request.target,
+                                 request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
+                                 max_bytes=xml.max_bytes)
+
+    def ahead(self, upcoming: list[Candidate]) -> None:
+        """Keep up to ``slots`` writes in flight, taken from ``upcoming`` in its order."""
+        if self.executor is None:
+            return
+        busy = sum(1 for f in self.futures.values() if not f.done())
+        for candidate in upcoming:
+            if busy >= self.slots:
+                break
+            if id(candidate) not in self.futures:
+                self.futures[id(candidate)] = self.executor.submit(self._job(candidate))
+                busy += 1
+
+    def finished(self, candidate: Candidate) -> bool:
+        """Its file was written ahead (or refused) and is waiting to be taken."""
+        future = self.futures.get(id(candidate))
+        return future is not None and future.done() and not future.cancelled()
+
+    def keep(self, wanted: list[Candidate]) -> None:
+        """Cancel the writes ahead that are not for ``wanted`` (one already running ends with the pool)."""
+        keys = {id(c) for c in wanted}
+        for key in [k for k in self.futures if k not in keys]:
+            self.futures.pop(key).cancel()
+
+    def wait(self, candidate: Candidate, deadline: Deadline | None = None) -> EmittedXml | None:
+        """``candidate``'s file, raising what writing it raised; None when ``deadline`` passes first. A write
+        not started ahead runs here (then the deadline does not cut it)."""
+        future = self.futures.get(id(candidate))
+        if future is None:
+            return self._job(candidate)()
+        try:
+            result = future.result(None if deadline is None or not deadline.bounded else deadline.remaining_s())
+        except cf.TimeoutError:
+            return None
+        finally:
+            if future.done():
+                del self.futures[id(candidate)]
+        return result
 
 
 # The ``--json`` status of a plan found when the time limit cut the search (the plan's own status is kept as
