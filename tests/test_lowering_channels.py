@@ -39,3 +39,32 @@ def test_a_write_after_reads_waits_for_the_readers_only(dgx1):
     program = lower_to_msccl(schedule, topology=dgx1, fuse=False, channels=2)
     assert not any(step.type == "nop" for g in program.gpus for tb in g.tbs for step in tb.steps)
     assert check_text(render_msccl_xml(program), "<allreduce>", "executor").errors() == []
+
+
+@pytest.fixture(scope="module")
+def long_chain():
+    """A Broadcast pipelined in 2048 pieces down the chain 0 -> 1 -> 2 -> 3 of ring-4: 2048 messages per
+    connection, 32 channels of 64 steps exactly."""
+    from synth.model.collectives import make_collective
+    from synth.schedule.ir import Schedule, Transfer
+
+    chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(2048) for r in range(3))
+    return Schedule(make_collective("broadcast", 4, 2048, 0), "ring-4", chain, 2050), load_topology("ring-4")
+
+
+def test_the_fit_takes_every_channel_before_merging_steps(long_chain):
+    # from 31 channels (67 steps) the search went to 32 channels with cnt <= 2, never trying 32 unmerged
+    from backends.msccl.fit import Lowering, fit_lowering
+
+    schedule, ring4 = long_chain
+    fit = fit_lowering(schedule, ring4, "executor", fuse=False)
+    assert fit.fits and fit.lowering == Lowering(False, 32, 1)
+
+
+def test_a_merged_fused_lowering_does_not_win_ties_over_an_unmerged_one(long_chain):
+    # fused chains leave channel 0 to plain steps, so 2048 pieces need cnt <= 2 there; plain fits unmerged
+    from backends.msccl.writer import emit_verified_xml
+
+    schedule, ring4 = long_chain
+    emitted = emit_verified_xml(schedule, ring4, "executor", GB)
+    assert (emitted.lowering.fuse, emitted.lowering.max_cnt) == (False, 1)

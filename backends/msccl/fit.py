@@ -174,6 +174,8 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         wanted = max(channels + 1, ceil(channels * over))
         if wanted <= most:
             channels = wanted
+        elif channels < most:
+            channels = most          # every channel the SMs allow before any merging (merging costs pipelining)
         elif max_cnt < MAX_CNT:
             previous = channels
             channels = most
