@@ -6,8 +6,9 @@
    element counts the runtimes see) the packing MILP assigns chunks to trees minimising the busiest link or
    switch port; :func:`synth.formulations.trees.decompose` splits the integer capacities into trees.
 3. **schedule**: every chunk follows its tree; the list scheduler (:mod:`synth.schedule.list_scheduler`) orders and
-   times the transfers at the requested size (whole chunks, store-and-forward, the runtime's FIFO depth); the
-   result is replayed (:func:`synth.schedule.replay.verify`).
+   times the transfers at the requested size (whole chunks, store-and-forward, the runtime's FIFO depth), the
+   trees sharing a link taking turns by their chunks' progress (:func:`_by_progress`); the result is replayed
+   (:func:`synth.schedule.replay.verify`).
 
 Reductions use the in-trees of the broadcast-type packing on the reversed topology (ReduceScatter from Allgather,
 Reduce from Broadcast, Gather from Scatter), booked forward in the order of its time reversal; Allreduce is ReduceScatter then Allgather with the
