@@ -49,6 +49,17 @@ def test_composed_ndv2_shares_one_nic_per_node():
     assert lower_bound("alltoall", t, GB).bandwidth_us == pytest.approx(320e3)
 
 
+def test_gpus_behind_one_nic_share_its_ingress():
+    # dgx2 x2: GPUs 0 and 1 share one 12.5 GB/s NIC port and each has a 125 GB/s NVSwitch port. Each receives 31
+    # of 32 shards, together through 262.5 GB/s: the one-sink cut (137.5 GB/s into GPU 0) misses this.
+    t = load_topology("dgx2", nodes=2)
+    ag = 2 * 31 / 32 * GB / 262.5e3
+    assert bandwidth_bound_us("allgather", t, GB)[0] == pytest.approx(ag)
+    # ReduceScatter sends the same through the same ports' egress (the reversed network); Allreduce is both
+    assert bandwidth_bound_us("reducescatter", t, GB)[0] == pytest.approx(ag)
+    assert bandwidth_bound_us("allreduce", t, GB)[0] == pytest.approx(2 * ag)
+
+
 @pytest.mark.parametrize("n", [4, 5, 8])
 def test_ring_closed_forms(n):
     t = load_topology(f"ring-{n}")

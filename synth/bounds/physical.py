@@ -24,7 +24,8 @@ Per collective:
 - Allgather: for every sink rank, a super-source feeding each rank its shard (M/N) must push M into the sink
   when links carry ``T * bandwidth``; the smallest such T is found exactly by a parametric (Newton) search over
   min cuts instead of bisection. This equals the cut bound ``(M/N) * max_S |S| / bw(S -> not S)`` and is
-  attained by spanning-tree packing.
+  attained by spanning-tree packing. Where GPUs share a NIC, the ranks behind it together must also receive
+  their shards through their own links and that one port (:func:`shared_ingress_units`).
 - ReduceScatter: Allgather on the reversed network. Allreduce: ReduceScatter + Allgather.
 - Broadcast (Reduce): ``M / min_t maxflow(root -> t)`` (on the reversed network).
 - Scatter (Gather): the parametric search from the root (to the root, on the reversed network).
@@ -294,10 +295,57 @@ def _cut_line(g: nx.DiGraph, side: set) -> tuple[float, float]:
 
 
 def allgather_units(net: nx.DiGraph, n: int, symmetries=()) -> float:
-    """Allgather time in units of (shard / GB/s): every rank receives all ``n`` shards."""
+    """Allgather time in units of (shard / GB/s): every rank receives all ``n`` shards.
+
+    The larger of the max-flow bound into one sink at a time and the receive bound of the ranks that share an
+    ingress port (:func:`shared_ingress_units`), which the one-sink cuts cannot see.
+    """
     supplies = {r: 1.0 for r in range(n)}
     sinks = rank_orbit_reps(n, symmetries)
-    return max(_parametric_time(net, supplies, t, float(n)) for t in sinks)
+    one_sink = max(_parametric_time(net, supplies, t, float(n)) for t in sinks)
+    return max(one_sink, shared_ingress_units(net, n, float(n - 1)))
+
+
+def shared_ingress_units(net: nx.DiGraph, n: int, need_per_rank: float) -> float:
+    """Time, in units of (data unit / GB/s), for every rank to receive ``need_per_rank`` units, judged per group
+    of ranks that share a switch port (a NIC shared by GPUs).
+
+    Every byte a rank receives enters through one of its capacitated in-edges: a direct link, or a port node
+    (an uncapacitated edge from a node whose own in-edges are capacitated: a port's ingress; its egress on the
+    reversed network). A group of ranks therefore needs at least (group size x need) / (the capacity of its
+    direct in-links plus each of its ports counted once). For one sink alone that is a cut the max flow already
+    sees; for two GPUs behind one NIC it is not (each may take the NIC's whole bandwidth in the one-sink flow,
+    but they share it). Groups: the ranks behind each shared port, and each rank alone.
+
+    >>> g = nx.DiGraph()
+    >>> for r in (0, 1):   # two ranks behind one 10 GB/s port, each with a 20 GB/s link of its own
+    ...     _ = g.add_edge(("ingress-out", "nic", 0), r); _add_capacity(g, ("peer", r), r, 20.0)
+    >>> _add_capacity(g, ("ingress", "nic", 0), ("ingress-out", "nic", 0), 10.0)
+    >>> shared_ingress_units(g, 2, 1.0)      # 2 units over 20 + 20 + 10 GB/s
+    0.04
+    """
+    def port_capacity(port) -> float:
+        return sum(d.get("slope", math.inf) for _, _, d in net.in_edges(port, data=True))
+
+    groups = [{r} for r in range(n)]
+    for node in net.nodes:
+        if not isinstance(node, int):
+            fed = {v for v in net.successors(node) if isinstance(v, int) and "slope" not in net[node][v]}
+            if len(fed) > 1:
+                groups.append(fed)
+    worst = 0.0
+    for group in groups:
+        direct, ports = 0.0, set()
+        for r in group:
+            for u, _, data in net.in_edges(r, data=True):
+                if "slope" in data:
+                    direct += data["slope"]
+                else:
+                    ports.add(u)
+        capacity = direct + sum(port_capacity(p) for p in ports)
+        if 0 < capacity < math.inf:
+            worst = max(worst, len(group) * need_per_rank / capacity)
+    return worst
 
 
 def scatter_units(net: nx.DiGraph, n: int, root: int) -> float:

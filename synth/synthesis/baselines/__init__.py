@@ -42,7 +42,7 @@ from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
 from synth.schedule.replay import ReplayReport, verify
-from synth.synthesis.baselines.all_pairs import all_pairs_routes
+from synth.synthesis.baselines.all_pairs import DIRECT_EXCHANGE, all_pairs_routes, direct_exchange_routes
 from synth.synthesis.baselines.doubling import doubling_routes
 from synth.synthesis.baselines.hierarchical import hierarchical_routes
 from synth.synthesis.baselines.plans import (DEFAULT_ORDER_BYTES, Routes, check_links, not_applicable, order_plans,
@@ -84,6 +84,8 @@ BASELINES = MappingProxyType({b.name: b for b in (
              ("allgather", "reducescatter", "allreduce", "broadcast", "reduce"), hierarchical_routes),
     Baseline("all-pairs", "direct sends to every peer", ("allgather", "reducescatter", "allreduce", "alltoall",
                                                           "gather", "scatter"), all_pairs_routes),
+    Baseline(DIRECT_EXCHANGE, "whole buffers reduced between linked peers, then across nodes: one traversal",
+             ("allreduce",), direct_exchange_routes),
 )})
 
 
