@@ -187,7 +187,7 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
 
 
 def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options) -> list[Fit]:
-    """``fit`` and, where the SMs and channels allow, the same lowering on 2 and 4 times its channels: messages of
+    """``fit`` and, where the SMs and channels allow, the same lowering on 2, 4 and 8 times its channels: messages of
     one connection from several threadblocks often keep a link busier, so the simulator should choose. Skipped
     for programs of more than :data:`WIDEN_MAX_STEPS` steps (each variant is another lowering)."""
     out = [fit]
@@ -195,7 +195,7 @@ def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **
     if total > WIDEN_MAX_STEPS:
         return out
     most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)
-    for factor in (2, 4):
+    for factor in (2, 4, 8):
         channels = fit.lowering.channels * factor
         if channels > most:
             break
