@@ -8,7 +8,8 @@ this runs the library entry point of `synth solve` (:func:`synth.synthesis.solve
 - ``pct_limit``: limit / simulated time (``synth.bounds.physical``);
 - ``baseline``/``base_us``/``ratio``: the best runnable baseline's simulated time and ours against it (>= 1.00 means
   never slower than what the runtime would do anyway);
-- ``method``: the winning candidate; ``wall_s``: synthesis wall time on this machine.
+- ``method``: the winning candidate; ``wall_s``: synthesis wall time on this machine; ``cpu_s``: this process's
+  CPU time for it (on a shared machine the fairer figure: other work stretches the wall time, not this).
 
 Usage::
 
@@ -54,12 +55,13 @@ def measure(topology: str, nodes: int, collective: str, size: str, time_limit_s:
     topo = load_topology(topology, nodes)
     size_bytes = parse_size(size)
     row = {"topology": topo.name, "gpus": topo.num_ranks, "collective": collective, "size": size}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         solution = solve(SynthesisRequest(topo, collective, size_bytes,
                                           options=SolverOptions(time_limit_s=time_limit_s)))
     except SynthError as exc:
-        row.update(error=str(exc)[:120], wall_s=round(time.perf_counter() - t0, 2))
+        row.update(error=str(exc)[:120], wall_s=round(time.perf_counter() - t0, 2),
+                   cpu_s=round(time.process_time() - c0, 2))
         return row
     except Exception as exc:   # a bug: kept as a row (with its type) so one case does not lose the whole grid
         row.update(error=f"BUG {type(exc).__name__}: {exc}"[:120], wall_s=round(time.perf_counter() - t0, 2))
@@ -72,7 +74,7 @@ def measure(topology: str, nodes: int, collective: str, size: str, time_limit_s:
                baseline=(report["baseline"] or "-")[:24],
                base_us=None if report["baseline_us"] is None else round(report["baseline_us"], 3),
                ratio=None if report["speedup_vs_baseline"] is None else round(report["speedup_vs_baseline"], 3),
-               wall_s=round(time.perf_counter() - t0, 2))
+               wall_s=round(time.perf_counter() - t0, 2), cpu_s=round(time.process_time() - c0, 2))
     return row
 
 
@@ -103,10 +105,10 @@ def main() -> None:
                 rows.append(row)
                 print(f"{row['topology']:>18} {collective:>13} {format_size(parse_size(size)):>6}: "
                       f"{row.get('pct_limit', row.get('error'))}% of limit, x{row.get('ratio')} vs baseline, "
-                      f"{row['wall_s']} s", file=sys.stderr, flush=True)
+                      f"{row['wall_s']} s ({row['cpu_s']} s CPU)", file=sys.stderr, flush=True)
                 path = write_json(args.out, rows)
     print_table(rows, ["topology", "gpus", "collective", "size", "method", "sim_us", "plan_us", "plan_vs_sim_pct",
-                       "pct_limit", "binding", "baseline", "base_us", "ratio", "wall_s"])
+                       "pct_limit", "binding", "baseline", "base_us", "ratio", "wall_s", "cpu_s"])
     print(f"wrote {path}")
 
 

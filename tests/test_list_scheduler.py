@@ -44,10 +44,11 @@ def test_reversed_trees_booked_forward_run_as_planned(dgx1_reducescatter):
     assert replay_data(planned) == []
     assert {t.op for t in planned.transfers} == {"reduce"}
     replayed = verify(planned, topo, 64 * MB).time_us
-    assert max(t.end_us for t in planned.transfers) == pytest.approx(replayed)
-    assert _simulated(planned, topo, 64 * MB) == pytest.approx(replayed, rel=1e-3)
+    planned_us = max(t.end_us for t in planned.transfers)
+    assert replayed <= planned_us + 1e-6           # the replay's unbounded buffers are never slower
+    assert _simulated(planned, topo, 64 * MB) == pytest.approx(planned_us, rel=1e-3)
     # and as fast as the forward schedule it came from
-    assert replayed <= verify(forward, reverse_topology(topo), 64 * MB).time_us * 1.01
+    assert planned_us <= verify(forward, reverse_topology(topo), 64 * MB).time_us * 1.01
 
 
 def test_the_pure_time_reversal_stalls_on_the_fifo(dgx1_reducescatter):

@@ -61,6 +61,28 @@ def test_decomposition_gives_trees_that_use_the_packing(topology, name):
         assert np.all(used <= packing.counts[k])
 
 
+def test_decomposition_grows_trees_breadth_first():
+    # dgx1 Broadcast in 6 unit trees (one per lane out of the root): capacity-first growth gave Hamiltonian chains
+    # (depth 7, a chunk time of pipeline fill per level); breadth-first growth keeps most trees at depth 3-4
+    topo = load_topology("dgx1")
+    packing = solve_packing(topo, broadcast_commodities("broadcast", 8, 0), 6)
+    depths = []
+    for tree in decompose(topo, packing.commodities[0], packing.counts[0], 6):
+        depth = {0: 0}
+        for li in tree.links:
+            depth[topo.links[li].dst] = depth[topo.links[li].src] + 1
+        depths += [max(depth.values())] * tree.chunks
+    assert sorted(depths)[3] <= 4
+
+
+def test_dgx1_broadcast_trees_take_turns_on_the_root_links():
+    # one root: chunks are booked by slack against their progress through their tree, so shallow trees sharing
+    # a root link with deep ones are not starved (longest-path-first left half the links idle: 66% of the limit)
+    topo = load_topology("dgx1")
+    result = synthesize_trees(topo, "broadcast", 1 << 30, chunks=2048)
+    assert result.replay_us <= result.fractional_us / 0.99
+
+
 @pytest.mark.parametrize("name", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather",
                                   "scatter"])
 def test_schedules_replay_and_track_the_packing(name):
@@ -87,3 +109,16 @@ def test_alltoall_and_bad_chunks_are_refused():
         synthesize_trees(topo, "alltoall", GB)
     with pytest.raises(InputError, match="chunks per rank must be a power of two, got 3"):
         synthesize_trees(topo, "allgather", GB, chunks=3)
+
+
+def test_auto_skips_the_slower_searches_when_trees_reach_the_limit():
+    # dgx-h100 Allgather 1 GB: trees replay within 1% of the limit, so the step and alpha-beta searches (whose
+    # MILP could only be that much faster, and ran minutes on dgx2 Broadcast) are not run
+    from synth.synthesis.request import SynthesisRequest
+    from synth.synthesis.select import verified_candidates
+
+    heard = []
+    found = verified_candidates(SynthesisRequest(load_topology("dgx-h100"), "allgather", 1 << 30), heard.append)
+    assert any("step and alpha-beta searches skipped" in line for line in heard)
+    assert {c.label.split("/")[0] for c in found} <= {"trees", "baseline"}
+    assert any(c.label.startswith("trees/") for c in found)

@@ -180,6 +180,8 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         wanted = max(channels + 1, ceil(channels * over))
         if wanted <= most:
             channels = wanted
+        elif channels < most:
+            channels = most          # every channel the SMs allow before any merging (merging costs pipelining)
         elif max_cnt < MAX_CNT:
             previous = channels
             channels = most
@@ -191,7 +193,7 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
 
 
 def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options) -> list[Fit]:
-    """``fit`` and, where the SMs and channels allow, the same lowering on 2 and 4 times its channels: messages of
+    """``fit`` and, where the SMs and channels allow, the same lowering on 2, 4 and 8 times its channels: messages of
     one connection from several threadblocks often keep a link busier, so the simulator should choose. Skipped
     for programs of more than :data:`WIDEN_MAX_STEPS` steps (each variant is another lowering)."""
     return [fit, *iter_wider_fits(schedule, topology, target, fit, **program_options)]
@@ -204,7 +206,7 @@ def iter_wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fi
     if total > WIDEN_MAX_STEPS:
         return
     most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)
-    for factor in (2, 4):
+    for factor in (2, 4, 8):
         channels = fit.lowering.channels * factor
         if channels > most:
             return

@@ -117,7 +117,8 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     rule : how transfers that can start at the same time are ranked after ``own_first``: ``"work"`` prefers
         the link whose busiest resource (the link or one of its switch ports) has the most unbooked work left,
         then the longest remaining path; ``"tail"`` uses the remaining path only; ``"rank"`` uses ``rank``
-        first, then the remaining path.
+        first, then the remaining path; ``"deadline"`` takes ``rank`` as each transfer's due time (us) and
+        prefers the least slack, ``rank`` minus the remaining path (a chunk with far to go leaves first).
     fifo_depth : messages a connection holds before its sender waits (the runtime's, by default); None books
         as the replay does, with unbounded buffers and data usable on arrival.
 
@@ -157,7 +158,7 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     for li in link_of:
         for k, b in res_of_link[li]:
             remaining[k] = remaining.get(k, 0.0) + b
-    if rule not in ("work", "tail", "rank"):
+    if rule not in ("work", "tail", "rank", "deadline"):
         raise ValueError(f"unknown rule {rule!r}; use work, tail or rank")
     use_work = rule == "work"
     future: list[list] = [[] for _ in range(nlinks)]    # (ready, prio..., i)
@@ -172,8 +173,11 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     dst_of = [topology.links[li].dst for li in range(nlinks)]
 
     by_rank = rule == "rank"
+    by_deadline = rule == "deadline"
 
     def prio(i: int):
+        if by_deadline:
+            return (not own[i], tie[i] - tail[i], i)
         return (not own[i], tie[i], -tail[i], i) if by_rank else (not own[i], -tail[i], tie[i], i)
 
     def link_key(li: int):
@@ -255,7 +259,7 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
 
 
 def reverse_in_time(forward: Schedule, topology: Topology, collective: Collective, size_bytes: float, method: str,
-                    fifo_depth: int | None = RUNTIME_FIFO_DEPTH) -> Schedule:
+                    fifo_depth: int | None = RUNTIME_FIFO_DEPTH, rule: str = "rank") -> Schedule:
     """An in-tree ``collective`` on ``topology`` (ReduceScatter, Reduce, Gather) from the schedule ``forward`` of
     its broadcast-type dual on the reversed topology: every chunk takes the reversed
     route, and the transfers are booked forward in time (:func:`list_schedule`, with the runtime's FIFOs),
@@ -266,7 +270,8 @@ def reverse_in_time(forward: Schedule, topology: Topology, collective: Collectiv
     connection's messages in order: at the runtime's FIFO depth a reversed tree schedule stalls (dgx1
     ReduceScatter 1 GB simulated 27% slower than replayed). Booked forward, the plan is what runs, and taking
     the reversal's order where transfers compete keeps the forward schedule's pipelining. Chunk ids are those
-    of ``forward`` (true of the duals of :mod:`synth.schedule.transforms`).
+    of ``forward`` (true of the duals of :mod:`synth.schedule.transforms`). ``rule="deadline"`` takes the
+    reversed start times as due times and books the least slack first (:func:`list_schedule`).
     """
     ordered = forward.ordered()
     ends = [t.end_us for t in ordered]
@@ -281,7 +286,7 @@ def reverse_in_time(forward: Schedule, topology: Topology, collective: Collectiv
         order[(t.chunk, li)] = span - t.end_us if timed else -position
     rank = np.array([order[(c, li)] for c, route in enumerate(routes) for li in route])
     return list_schedule(topology, collective, [tuple(r) for r in routes], size_bytes, method, rank=rank,
-                         rule="rank", fifo_depth=fifo_depth, notes=forward.notes)
+                         rule=rule, fifo_depth=fifo_depth, notes=forward.notes)
 
 
 class _Fifos:

@@ -107,6 +107,19 @@ def alpha_beta_candidate(request: SynthesisRequest, progress: Progress = _quiet)
 TREE_CHUNK_OPTIONS = (64, 16)
 
 
+# Under auto, a tree-packing plan that replays within this share of the physical limit ends the search: no other
+# formulation can be more than that faster, and on single nodes at large sizes none was (the routed MILP ran its
+# whole time limit on dgx2 Broadcast 1 GB, 250 s on 2 busy cores, for 38% of the limit, and left no time for trees).
+TREES_AT_LIMIT = 0.01
+
+
+def _at_the_limit(request: SynthesisRequest, found: list[Candidate]) -> bool:
+    """Whether a runnable tree-packing candidate replays within :data:`TREES_AT_LIMIT` of the physical limit."""
+    limit = request.bound.limit_us
+    return any(c.label.startswith("trees/") and c.result.schedule.collective.runs_at_power_of_two_sizes
+               and c.report.time_us <= limit * (1 + TREES_AT_LIMIT) for c in found)
+
+
 def tree_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
     """Tree-packing schedules (:mod:`synth.synthesis.trees`): its own chunk count, and fewer chunks that fit."""
     from synth.synthesis.trees import pipeline_chunks, synthesize_trees
@@ -199,6 +212,17 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
     use_steps = method == Method.STEPS or request.fixed_steps or (
         method == Method.AUTO and request.sketch is None and topology.num_nodes == 1
         and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
+    hierarchy = method == Method.HIERARCHY or (request.open_choice and request.sketch is None
+                                               and hierarchy_applies(request))
+    flat = request.open_choice and not (hierarchy and topology.num_ranks > FLAT_SEARCH_MAX_RANKS)
+    # tree packing first: when it is already at the limit, the slower searches have nothing left to win (its
+    # candidates still come after theirs, so that a tie goes to the smaller step or alpha-beta program)
+    trees: list[Candidate] = []
+    if method == Method.TREES or (flat and request.sketch is None and request.collective != "alltoall"):
+        trees = timed_phase("tree packing", lambda: tree_candidates(request, progress), request, progress)
+    if request.open_choice and _at_the_limit(request, trees):
+        progress(f"  trees are within {TREES_AT_LIMIT:.0%} of the limit: step and alpha-beta searches skipped")
+        use_steps = hierarchy = flat = False
     if use_steps:
         try:
             found += timed_phase("step search", lambda: step_candidates(request, progress), request, progress)
@@ -206,15 +230,11 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
             if method == Method.STEPS or request.fixed_steps:
                 raise
             errors.append(str(exc))          # the other sources still compete
-    hierarchy = method == Method.HIERARCHY or (request.open_choice and request.sketch is None
-                                               and hierarchy_applies(request))
     if hierarchy:
         found += timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request, progress)
-    flat = request.open_choice and not (hierarchy and topology.num_ranks > FLAT_SEARCH_MAX_RANKS)
     if method in (Method.ROUTED, Method.TIMEXP) or flat:
         found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
-    if method == Method.TREES or (flat and request.sketch is None and request.collective != "alltoall"):
-        found += timed_phase("tree packing", lambda: tree_candidates(request, progress), request, progress)
+    found += trees
     if flat and request.sketch is None and request.collective == "alltoall":
         from synth.synthesis.alltoall import alltoall_candidates
         found += timed_phase("alltoall paths", lambda: alltoall_candidates(request, progress), request, progress)

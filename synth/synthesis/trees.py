@@ -6,8 +6,9 @@
    element counts the runtimes see) the packing MILP assigns chunks to trees minimising the busiest link or
    switch port; :func:`synth.formulations.trees.decompose` splits the integer capacities into trees.
 3. **schedule**: every chunk follows its tree; the list scheduler (:mod:`synth.schedule.list_scheduler`) orders and
-   times the transfers at the requested size (whole chunks, store-and-forward, the runtime's FIFO depth); the
-   result is replayed (:func:`synth.schedule.replay.verify`).
+   times the transfers at the requested size (whole chunks, store-and-forward, the runtime's FIFO depth), the
+   trees sharing a link taking turns by their chunks' progress (:func:`_by_progress`); the result is replayed
+   (:func:`synth.schedule.replay.verify`).
 
 Reductions use the in-trees of the broadcast-type packing on the reversed topology (ReduceScatter from Allgather,
 Reduce from Broadcast, Gather from Scatter), booked forward in the order of its time reversal; Allreduce is ReduceScatter then Allgather with the
@@ -23,6 +24,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.errors import InputError
@@ -87,9 +90,12 @@ class TreesResult:
 @dataclass(frozen=True)
 class _Phase:
     """One broadcast-type packing: every chunk's out-tree (link indices of the topology it was solved on,
-    parents first) and the chunk size at the request's size (bytes)."""
+    parents first), its progress through its tree (:func:`_by_progress`), the number of roots (commodities) and
+    the chunk size at the request's size (bytes)."""
 
     routes: tuple[tuple[int, ...], ...]
+    progress: tuple[float, ...]
+    roots: int
     packing: Packing
     fractional_units: float
     num_trees: int
@@ -207,14 +213,35 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
         dual = REVERSAL_OF[problem.collective]
         phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options)
         forward = list_schedule(reversed_topology, make_collective(dual, topology.num_ranks, chunks, problem.root),
-                                phase.routes, size_bytes, "trees", fifo_depth=None)
-        return reverse_in_time(forward, topology, _collective(problem, chunks), size_bytes, "trees"), [phase]
+                                phase.routes, size_bytes, "trees", fifo_depth=None, **_by_progress(phase))
+        # with one root, least slack first as the forward packing (dgx1 Reduce 1 GB: 98.9% against 98.8%)
+        rule = "deadline" if phase.roots == 1 else "rank"
+        return reverse_in_time(forward, topology, _collective(problem, chunks), size_bytes, "trees",
+                               rule=rule), [phase]
     reduction = reduction_for(problem)
     if reduction is not None:
         solved = [_schedule(sub, size_bytes, options) for sub in reduction.apply()]
         return reduction.invert([s for s, _ in solved]), [p for _, phases in solved for p in phases]
     phase = _pack(topology, problem.collective, size_bytes, problem.root, chunks, options)
-    return list_schedule(topology, _collective(problem, chunks), phase.routes, size_bytes, "trees"), [phase]
+    return list_schedule(topology, _collective(problem, chunks), phase.routes, size_bytes, "trees",
+                         **_by_progress(phase)), [phase]
+
+
+def _by_progress(phase: _Phase) -> dict:
+    """How the list scheduler orders the packing's transfers. Every chunk's rank is its progress through its tree
+    (``(q + 1/2) / n`` for the q-th of a tree's n chunks), so the trees sharing a link take turns in proportion to
+    their chunks instead of the deepest tree going first and starving the others' links. With one root
+    (Broadcast, and Reduce through it) that progress is a due time at the busiest-resource rate and the scheduler
+    books the least slack first (``rule="deadline"``: due time minus the remaining path), so chunks of deep trees
+    leave the root early (dgx1 Broadcast 1 GB: 98.3% of the limit with longest-path-first on chains, 99.05% on
+    shallow trees by slack). With a root per rank the longest-path rule keeps every rank's trees flowing, and
+    progress only breaks its ties (dgx1 Allgather 1 GB: 99.5% against 99.4% by slack)."""
+    if phase.roots > 1:
+        rank = np.array([phase.progress[c] for c, route in enumerate(phase.routes) for _ in route])
+        return dict(rank=rank, rule="work")
+    due_us = phase.packing.units * phase.chunk_bytes / BYTES_PER_US_PER_GBPS
+    rank = np.array([phase.progress[c] * due_us for c, route in enumerate(phase.routes) for _ in route])
+    return dict(rank=rank, rule="deadline")
 
 
 def _collective(problem: CollectiveProblem, chunks: int):
@@ -236,6 +263,7 @@ def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, o
                             floor_units=fractional_units, fewest_links=name == "broadcast",
                             start_trees=_ring_chain(topology, commodities) if name == "broadcast" else None)
     routes: list[tuple[int, ...]] = [()] * len(coll.chunks)
+    progress = [0.0] * len(coll.chunks)
     num_trees = 0
     for k, rep in enumerate(packing.commodities):
         trees = decompose(topology, rep, packing.counts[k], chunks)
@@ -246,11 +274,12 @@ def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, o
             for tree in trees:
                 links = tuple(topology.link_index[(perm[topology.links[li].src], perm[topology.links[li].dst])]
                               for li in tree.links)
-                for _ in range(tree.chunks):
+                for q in range(tree.chunks):
                     routes[ids[j]] = links
+                    progress[ids[j]] = (q + 0.5) / tree.chunks
                     j += 1
                 num_trees += 1
-    return _Phase(tuple(routes), packing, fractional_units, num_trees, coll.chunk_bytes(size_bytes))
+    return _Phase(tuple(routes), tuple(progress), len(commodities), packing, fractional_units, num_trees, coll.chunk_bytes(size_bytes))
 
 
 def _ring_chain(topology: Topology, commodities) -> tuple[tuple[int, ...], ...] | None:
