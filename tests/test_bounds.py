@@ -153,3 +153,20 @@ def test_disconnected_topology_has_no_finite_bound():
                                                   {"src": 1, "dst": 0, "alpha_us": 1, "bw_GBps": 1}]}, "split")
     with pytest.raises(InputError, match="cannot be reached"):
         lower_bound("allgather", t, 1024)
+
+
+@pytest.mark.parametrize("name, nodes", [("dgx1", None), ("ndv2-4node-tecc", None), ("dgx2", 2), ("ndv2", 4)])
+def test_alltoall_cuts_never_exceed_the_concurrent_flow_lp(name, nodes):
+    from synth.bounds.physical import alltoall_cut_units, alltoall_units, flow_network
+    t = load_topology(name, nodes=nodes) if nodes else load_topology(name)
+    net = flow_network(t)
+    assert alltoall_cut_units(net, t) <= alltoall_units(net, t.num_ranks) * (1 + 1e-9)
+
+
+def test_alltoall_on_256_gpus_is_bounded_by_the_nics_not_refused():
+    # 32 x DGX-H100, rail: the concurrent-flow LP would have 256 commodities; the node cut (8 NICs of 50 GB/s)
+    # binds: each GPU sends 248 of its 256 blocks through its own NIC
+    t = load_topology("dgx-h100", nodes=32, fabric="rail")
+    b = lower_bound("alltoall", t, 1 << 30)
+    assert b.bandwidth_us == pytest.approx(248 * (1 << 30) / 256 / 50e3)
+    assert b.method.startswith("min cuts around ranks, shared ports and nodes")

@@ -29,7 +29,9 @@ Per collective:
 - ReduceScatter: Allgather on the reversed network. Allreduce: ReduceScatter + Allgather.
 - Broadcast (Reduce): ``M / min_t maxflow(root -> t)`` (on the reversed network).
 - Scatter (Gather): the parametric search from the root (to the root, on the reversed network).
-- Alltoall: the maximum concurrent flow LP (one commodity per source rank), solved with HiGHS.
+- Alltoall: the maximum concurrent flow LP (one commodity per source rank), solved with HiGHS; where that LP
+  would take minutes (hundreds of ranks), min cuts around ranks, shared ports and nodes (a weaker bound, valid
+  still; it is tight on rail-optimized clusters, where the NICs bind).
 
 >>> from synth.model.topology import load_topology
 >>> b = lower_bound("allgather", load_topology("ring-4"), 4_000_000)
@@ -147,7 +149,7 @@ def _check_work(name: str, topology: Topology, path_searches: int) -> None:
     """Refuse, before any work, a bound that would take minutes (see :data:`MAX_BOUND_WORK`): a search from or
     to every rank (broadcast's min cut per rank, Alltoall's commodity per rank), or, for the others, from one
     rank per orbit of the symmetry (max-flow sinks, shortest paths: a composed cluster has one or a few)."""
-    searches = topology.num_ranks if name in ("broadcast", "reduce", "alltoall") else path_searches
+    searches = topology.num_ranks if name in ("broadcast", "reduce") else path_searches
     work = len(topology.links) * searches
     if work > MAX_BOUND_WORK:
         raise InputError(topology.name, "", f"{name} bounds on {topology.num_ranks} ranks and {len(topology.links)} "
@@ -172,8 +174,14 @@ def bandwidth_bound_us(collective_name: str, topology: Topology, size_bytes: flo
         units = sum(_flow_units(p, net, n, topology.symmetries, root)[0] for p in parts)
         labels = " + ".join(_PART_LABELS.get(p, p) for p in parts)
         return _shards_time(units, size_bytes / n), f"max-flow ({labels})"
+    if name == "alltoall" and len(topology.links) * n > MAX_BOUND_WORK:
+        return _shards_time(alltoall_cut_units(net, topology), size_bytes / n), ALLTOALL_CUTS
     units, per_shard, method = _flow_units(name, net, n, topology.symmetries, root)
     return _shards_time(units, size_bytes / n if per_shard else size_bytes), method
+
+
+# How the Alltoall bound is found where the concurrent-flow LP (a commodity per rank) would take minutes.
+ALLTOALL_CUTS = "min cuts around ranks, shared ports and nodes (the concurrent-flow LP is too large here)"
 
 
 # Collectives whose flow bound is their dual's on the reversed network: the reductions, and Gather (Scatter's).
@@ -412,6 +420,54 @@ def alltoall_units(net: nx.DiGraph, n: int) -> float:
     cost = np.zeros(t_col + 1)
     cost[t_col] = 1.0
     return _solve_lp(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), cost, row_lower, row_upper)
+
+
+def alltoall_cut_units(net: nx.DiGraph, topology: Topology) -> float:
+    """A lower bound on Alltoall time in units of (per-pair block / GB/s) from cuts, for clusters where the
+    concurrent-flow LP is too large (256 ranks: 256 commodities over the whole network).
+
+    A group S of ranks sends ``|S| (n - |S|)`` blocks to the other ranks and receives as many, and every block
+    crosses each cut between S and the rest at least once: time >= blocks / min cut, both ways. Groups: one rank
+    per orbit of the symmetry, the ranks behind each shared port, and every node (those holding such a rank: a
+    symmetry maps every other group onto one of them, cut and all). On 32 x DGX-H100 the node cut
+    (8 NICs) binds: a GPU's 248 of 256 blocks through its own NIC.
+
+    >>> from synth.model.topology import load_topology
+    >>> t = load_topology("dgx-h100", nodes=2)
+    >>> alltoall_cut_units(flow_network(t), t) == alltoall_units(flow_network(t), t.num_ranks)
+    True
+    """
+    n = topology.num_ranks
+    reps = set(rank_orbit_reps(n, topology.symmetries))   # a group's cut is its image's under a symmetry
+    groups = [{r} for r in sorted(reps)]
+    if topology.num_nodes > 1:
+        groups += [set(range(k * topology.gpus_per_node, (k + 1) * topology.gpus_per_node))
+                   for k in sorted({topology.node_of(r) for r in reps})]
+    for node in net.nodes:
+        if not isinstance(node, int):
+            fed = {v for v in net.successors(node) if isinstance(v, int) and "slope" not in net[node][v]}
+            if 1 < len(fed) < n and fed & reps:
+                groups.append(fed)
+    g = net.copy()
+    for _, _, d in g.edges(data=True):
+        if "slope" in d:
+            d["capacity"] = d["slope"]
+    worst = 0.0
+    for group in groups:
+        blocks = len(group) * (n - len(group))
+        for graph in (g, g.reverse(copy=False)):
+            cut = _group_cut(graph, group, n)
+            worst = max(worst, math.inf if cut <= 0 else blocks / cut)
+    return worst
+
+
+def _group_cut(g: nx.DiGraph, group: set, n: int) -> float:
+    """The min cut (GB/s) from the ranks in ``group`` to every other rank (capacities set on ``g``)."""
+    source, sink = ("group-source",), ("group-sink",)
+    h = g.copy()
+    h.add_edges_from((source, r) for r in group)
+    h.add_edges_from((r, sink) for r in range(n) if r not in group)
+    return nx.maximum_flow_value(h, source, sink)
 
 
 def _solve_lp(rows, cols, vals, cost, row_lower, row_upper) -> float:
