@@ -51,12 +51,16 @@ def test_reversed_trees_booked_forward_run_as_planned(dgx1_reducescatter):
     assert planned_us <= verify(forward, reverse_topology(topo), 64 * MB).time_us * 1.01
 
 
-def test_the_pure_time_reversal_stalls_on_the_fifo(dgx1_reducescatter):
-    """Why reductions are booked forward: the reflected schedule replays as fast but runs over 10% slower."""
+def test_booking_forward_never_runs_slower_than_the_pure_time_reversal(dgx1_reducescatter):
+    """Why reductions are booked forward: the reflected schedule replays as fast as the plan, but partial sums
+    can wait on each other in the runtime's FIFOs (with HiGHS 1.15's packing here it ran 24% slower; how much
+    depends on the packing the solver returns), while the booked plan runs as planned."""
     topo, forward = dgx1_reducescatter
-    reflected = reverse_schedule(forward, make_collective("reducescatter", 8, 16), topo.name)
-    replayed = verify(reflected, topo, 64 * MB).time_us
-    assert _simulated(reflected, topo, 64 * MB) > 1.1 * replayed
+    rs = make_collective("reducescatter", 8, 16)
+    reflected = reverse_schedule(forward, rs, topo.name)
+    booked = reverse_in_time(forward, topo, rs, 64 * MB, "test")
+    assert verify(reflected, topo, 64 * MB).time_us <= max(t.end_us for t in booked.transfers) + 1e-6
+    assert _simulated(booked, topo, 64 * MB) <= _simulated(reflected, topo, 64 * MB) * (1 + 1e-9)
 
 
 def test_a_full_fifo_delays_the_sender_as_the_runtime_does():

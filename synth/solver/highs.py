@@ -9,6 +9,7 @@ pulp is the portable export layer (:func:`write_model`), not the hot path.
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -157,13 +158,31 @@ def _status_table(highspy):
     }
 
 
+def new_highs(highspy):
+    """A ``highspy.Highs()`` whose banner goes to stderr: since highspy 1.16 the first one made in a process
+    prints "Running HiGHS ..." on standard output before any option can be set, and stdout carries ``--json``.
+    The banner is written by C++, so file descriptor 1 is pointed at 2 while it is made."""
+    import sys
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:                 # no stdout to protect
+        return highspy.Highs()
+    try:
+        os.dup2(2, 1)
+        return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def solve_model(model: Model, options: SolverOptions = SolverOptions(),
                 initial: np.ndarray | None = None) -> SolveResult:
     """Solve with HiGHS. ``initial`` is a feasible start (e.g. a baseline schedule) passed via setSolution."""
     import highspy
 
     t0 = time.perf_counter()
-    h = highspy.Highs()
+    h = new_highs(highspy)
     h.setOptionValue("output_flag", bool(options.verbose))
     h.setOptionValue("time_limit", float(options.call_limit_s))
     h.setOptionValue("mip_rel_gap", float(options.mip_gap))
