@@ -116,7 +116,7 @@ def _every_variant(schedule, topology, size):
 @pytest.mark.parametrize("case", ["ring-4 steps", "dgx1 ring c4", "dgx1 allreduce ring c2"])
 def test_variants_left_unmade_could_not_have_won(case, ring4, dgx1, ring_schedule):
     """The writer stops making variants at a bound no variant beats: it writes what trying all of them would."""
-    from backends.msccl.writer import _floor_us
+    from backends.msccl.writer import schedule_floor_us
     from synth.synthesis.baselines import build_baseline
     topology, schedule = {"ring-4 steps": (ring4, ring_schedule),
                           "dgx1 ring c4": (dgx1, build_baseline("ring", "allgather", dgx1, 4)),
@@ -125,5 +125,5 @@ def test_variants_left_unmade_could_not_have_won(case, ring4, dgx1, ring_schedul
     every = _every_variant(schedule, topology, size)
     emitted = emit_verified_xml(schedule, topology, "executor", size)
     assert (emitted.simulated_us, emitted.lowering.label) == (every[0][1], every[0][2])
-    floor = _floor_us(schedule, emitted.program, topology, size)
+    floor = schedule_floor_us(schedule, topology, size)
     assert all(time_us >= floor * (1 - 1e-12) for _, time_us, _ in every)

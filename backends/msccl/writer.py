@@ -20,7 +20,7 @@ Callers (``synth solve``, ``synth baseline -o``, the pareto bundle) write only w
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from pathlib import Path
 from typing import Callable, Iterator, Protocol, Sequence
@@ -31,11 +31,12 @@ from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
 from synth.schedule.costmodel import load_bound_us
 
-from backends.msccl.ir import LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, MscclProgram
+from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
+                               Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT
 from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, iter_wider_fits
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
-from backends.msccl.simulate import program_chunk_bytes, simulate_program
+from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
 
 TIE = 0.01
@@ -100,7 +101,7 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
                 continue
             programs.append(fit.program)
             if floor_us is None:
-                floor_us = _floor_us(schedule, fit.program, topology, size_bytes)
+                floor_us = schedule_floor_us(schedule, topology, size_bytes) if size_bytes else 0.0
             time_us = _simulated_us(fit.program, topology, size_bytes)
             timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
             if first_round and ((deadline is not None and deadline.expired)
@@ -132,14 +133,6 @@ def schedule_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
     the runtime's largest). Judged before anything is lowered, so a file that cannot win is never written."""
     return load_bound_us(((t.src, t.dst) for t in schedule.transfers), topology,
                          schedule.collective.chunk_bytes(size_bytes), MAX_CNT)
-
-
-def _floor_us(schedule: Schedule, program: MscclProgram, topology: Topology, size_bytes: int | None) -> float:
-    """No lowering of ``schedule`` simulates faster than this (0 without a size: nothing is timed)."""
-    if not size_bytes:
-        return 0.0
-    return load_bound_us(((t.src, t.dst) for t in schedule.transfers), topology,
-                         program_chunk_bytes(program, size_bytes), MAX_CNT)
 
 
 def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],
@@ -261,11 +254,15 @@ def write_verified_xml(path: str | Path, emitted: EmittedXml) -> None:
     write_atomic(Path(path), emitted.text)
 
 
-_PROGRAM_FIELDS = attrgetter("name", "proto", "nchannels", "nchunksperloop", "ngpus", "coll", "inplace", "outofplace",
-                             "min_bytes", "max_bytes")
-_GPU_FIELDS = attrgetter("id", "i_chunks", "o_chunks", "s_chunks")
-_TB_FIELDS = attrgetter("id", "send", "recv", "chan")
-_STEP_FIELDS = attrgetter("s", "type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt", "depid", "deps", "hasdep")
+def _compared(cls, *children: str):
+    """A getter of a program part's own fields: every dataclass field but its children and its source line."""
+    return attrgetter(*(f.name for f in fields(cls) if f.name not in (*children, "line")))
+
+
+_PROGRAM_FIELDS = _compared(MscclProgram, "gpus")
+_GPU_FIELDS = _compared(Gpu, "tbs")
+_TB_FIELDS = _compared(Threadblock, "steps")
+_STEP_FIELDS = _compared(Step)
 
 
 def same_program(a: MscclProgram, b: MscclProgram) -> bool:

@@ -159,7 +159,7 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
         for k, b in res_of_link[li]:
             remaining[k] = remaining.get(k, 0.0) + b
     if rule not in ("work", "tail", "rank", "deadline"):
-        raise ValueError(f"unknown rule {rule!r}; use work, tail or rank")
+        raise ValueError(f"unknown rule {rule!r}; use work, tail, rank or deadline")
     use_work = rule == "work"
     future: list[list] = [[] for _ in range(nlinks)]    # (ready, prio..., i)
     arrived: list[list] = [[] for _ in range(nlinks)]   # (prio..., i)

@@ -170,7 +170,6 @@ def exchange_phases(topology: Topology, ranks: Group, max_group: int = MAX_EXCHA
 def _copy_tree(topology: Topology, node: Group, holders: set[int]) -> dict[int, tuple[int, int]] | None:
     """For every rank of ``node`` outside ``holders``: (parent, hops) on the alpha-shortest path from the nearest
     holder, over links inside the node; None when a rank cannot be reached."""
-    inside = set(node)
     best = {r: (0.0, 0) for r in holders}
     parent: dict[int, tuple[int, int]] = {}
     heap = [(0.0, 0, r) for r in sorted(holders)]
@@ -180,7 +179,7 @@ def _copy_tree(topology: Topology, node: Group, holders: set[int]) -> dict[int, 
             continue
         for v in node:
             link = topology.link(u, v)
-            if v == u or v in holders or link is None or v not in inside:
+            if v == u or v in holders or link is None:
                 continue
             cand = (dist + link.alpha_us, hops + 1)
             if v not in best or cand < best[v]:
