@@ -404,7 +404,7 @@ def _order_shared_ports(ops: list[_Op], topology) -> None:
         pair = (op.send.src, op.send.dst)
         if pair not in egress:
             link = topology.link(*pair)
-            egress[pair] = link.ports[0] if link is not None and link.ports else None
+            egress[pair] = None if link is None else link.sender_port
         port = egress[pair]
         if port is None:
             continue
