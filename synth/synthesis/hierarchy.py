@@ -460,9 +460,12 @@ def cross_pieces(topology: Topology, collective: str, pieces: int, nodes: NodeTr
     per_nic, per_node = 1 / load.nic_GBps, 1 / load.node_GBps
     x = ((g - 1) * k * per_node - (k - 1) * per_nic) / ((k - 1) * (per_nic + per_node))
 
-    def busiest(count: int) -> float:      # the slower of NIC and node port with ``count`` pieces crossing
+    def busiest(count: int) -> float:
+        """The slower of NIC and node port with ``count`` pieces crossing; the last piece still goes through its
+        node after the NIC (``G - 1`` sends of a piece), so the NIC should finish that much earlier."""
         share = count / pieces
-        return max((k - 1) * (1 + share) * per_nic, ((g - 1) * k - (k - 1) * share) * per_node)
+        return max((k - 1) * (1 + share) * per_nic + (g - 1) / pieces * per_node,
+                   ((g - 1) * k - (k - 1) * share) * per_node)
 
     near = {max(0, min(pieces, math.floor(x * pieces) + d)) for d in (0, 1)}
     return min(sorted(near), key=busiest)
