@@ -257,7 +257,8 @@ class _Writer:
                               and request.deadline.clock is time.monotonic)
         return functools.partial(emit_verified_xml, candidate.result.schedule, request.topology, request.target,
                                  request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
-                                 max_bytes=xml.max_bytes, deadline=request.deadline if same_clock else None)
+                                 max_bytes=xml.max_bytes, deadline=request.deadline if same_clock else None,
+                                 plan_us=candidate.report.time_us)
 
     def ahead(self, upcoming: list[Candidate]) -> None:
         """Keep up to ``slots`` writes in flight, taken from ``upcoming`` in its order."""
