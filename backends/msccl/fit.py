@@ -153,8 +153,8 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     sms = topology.sms_per_gpu
     program_options.setdefault("planned", PlannedOps(schedule))    # every trial lowers the same ops
     # a connection's messages need at least this many channels of ``limit`` steps (unmerged): start there
-    longest = max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
-    channels, max_cnt = max(1, min(MAX_CHANNELS - 1, ceil(longest / limit))), 1
+    longest = _longest_connection(schedule)
+    channels, max_cnt = max(1, min(_mode_channels(fuse), ceil(longest / limit))), 1
     best: Fit | None = None
     tried = set()
     for _ in range(MAX_TRIALS):
@@ -220,9 +220,26 @@ def wider_channels(topology: Topology, fit: Fit) -> tuple[int, ...]:
     return tuple(c for c in (fit.lowering.channels * factor for factor in (2, 4, 8)) if c <= most)
 
 
+def unmerged_too_long(schedule: Schedule, target: str, fuse: bool) -> bool:
+    """Whether the connection with the most messages needs more channels of the target's steps per threadblock
+    than the lowering mode has (:func:`_mode_channels`): then only merged steps can fit, and
+    :func:`fit_lowering` without merging (``most_cnt=1``) would lower the schedule just to say so."""
+    return ceil(_longest_connection(schedule) / max_steps(target)) > _mode_channels(fuse)
+
+
+def _longest_connection(schedule: Schedule) -> int:
+    """The most messages on one connection (src, dst) of the schedule."""
+    return max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
+
+
+def _mode_channels(fuse: bool) -> int:
+    """The channels a lowering mode may use: fused chains leave channel 0 to plain steps."""
+    return MAX_CHANNELS - 1 if fuse else MAX_CHANNELS
+
+
 def _most_channels(fit: Fit, channels: int, sms: int | None, fuse: bool) -> int:
     """Channels the threadblock count allows, from the count at ``channels`` (threadblocks grow about linearly)."""
-    most = MAX_CHANNELS - 1 if fuse else MAX_CHANNELS   # fused chains leave channel 0 to plain steps
+    most = _mode_channels(fuse)
     per_channel = fit.tbs_per_gpu / channels
     if sms is not None:
         most = min(most, max(1, int(sms / per_channel)))

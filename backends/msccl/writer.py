@@ -34,7 +34,8 @@ from synth.schedule.costmodel import load_bound_us
 from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT
-from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, iter_wider_fits, wider_channels
+from backends.msccl.fit import (Fit, Lowering, fit_lowering, hopeless, iter_wider_fits, unmerged_too_long,
+                               wider_channels)
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
@@ -148,17 +149,20 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     unmerged fused one does not fit. A merged fused program wins no ties (:func:`_favoured`), so it is searched
     for last: on dgx1 tree packings a dozen fused lowerings that never fit came before the plain one that does
     (20 s of a 30 s solve). A lowering that cannot fit is recorded in ``failures``."""
-    unmerged = fit_lowering(schedule, topology, target, True, most_cnt=1, **options)
-    _check_name(unmerged.program.name)
-    merged_may_come = () if unmerged.fits else (Lowering(True, max_cnt=2),)
-    if unmerged.fits:
+    unmerged = None if unmerged_too_long(schedule, target, True) else fit_lowering(
+        schedule, topology, target, True, most_cnt=1, **options)
+    if unmerged:
+        _check_name(unmerged.program.name)
+    merged_may_come = () if unmerged and unmerged.fits else (Lowering(True, max_cnt=2),)
+    if unmerged and unmerged.fits:
         yield from _with_spreads(schedule, topology, target, unmerged, (Lowering(False),), options)
     plain = fit_lowering(schedule, topology, target, False, **options)
+    _check_name(plain.program.name)
     if plain.fits:
         yield from _with_spreads(schedule, topology, target, plain, merged_may_come, options)
     else:
         failures.append((f"{plain.lowering.label} lowering breaks a runtime rule: {plain.reason()}", True))
-    if unmerged.fits:
+    if unmerged and unmerged.fits:
         return
     merged = fit_lowering(schedule, topology, target, True, **options)
     if merged.fits:
