@@ -34,7 +34,7 @@ from synth.schedule.costmodel import load_bound_us
 from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT
-from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, iter_wider_fits
+from backends.msccl.fit import Fit, Lowering, fit_lowering, hopeless, iter_wider_fits, whole_message_fit
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
@@ -137,8 +137,9 @@ def schedule_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
 
 def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],
               options: dict) -> Iterator[Fit]:
-    """The fitted lowerings, fused first (each fit, then its wider spreads); a lowering that cannot fit is
-    recorded in ``failures``."""
+    """The fitted lowerings, fused first (each fit, then its wider spreads), then each step's chunks between two
+    peers as one message (:func:`~backends.msccl.fit.whole_message_fit`); a lowering that cannot fit is recorded
+    in ``failures``."""
     for fuse in (True, False):
         fit = fit_lowering(schedule, topology, target, fuse, **options)
         _check_name(fit.program.name)
@@ -147,6 +148,10 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
             continue
         yield fit
         yield from iter_wider_fits(schedule, topology, target, fit, **options)
+    for fuse in (True, False):
+        whole = whole_message_fit(schedule, topology, target, fuse, **options)
+        if whole is not None:
+            yield whole
 
 
 def _sort_key(time_us: float | None, lowering: Lowering) -> tuple:
@@ -164,6 +169,8 @@ def _settled(timed: list, floor_us: float, last: Lowering) -> bool:
     to_come = [_sort_key(floor_us, replace(last, channels=last.channels + 1))]
     if last.fuse:
         to_come.append(_sort_key(floor_us, Lowering(False)))
+    if not last.per_message:
+        to_come.append(_sort_key(floor_us, Lowering(True, 1, MAX_CNT, per_message=True)))
     return all(best <= key for key in to_come)
 
 
