@@ -401,18 +401,38 @@ def _order_shared_ports(ops: list[_Op], topology, per_message: bool = False) -> 
     other in a cycle (a deadlock; 4 x dgx-h100 on rails, ring Allgather).
 
     ``per_message``: a step's sends take the port peer by peer (each peer's chunks together, as one message)
-    rather than chunk by chunk over the peers, so that each message waits only for the message before it.
+    rather than chunk by chunk over the peers, so that each message waits only for the message before it; the
+    peers of a port take turns that start at a different peer for each sender, so that the ranks' first messages
+    do not all queue at one receiver's port (dgx-h100 x2 direct-exchange Allreduce 1 KB: in peer order every GPU
+    of one node sent to GPU 0 of the other first, 2.31 us; in turns 2.16 us).
     """
     previous = {}
     egress: dict[tuple[int, int], object] = {}     # (src, dst) -> the sender's egress port, or None
-    order = (lambda o: (o.position[0], o.position[1], o.position[3], o.position[2])) if per_message \
-        else (lambda o: o.position)
-    for op in sorted((o for o in ops if o.send is not None), key=order):
+    sends = [o for o in ops if o.send is not None]
+    for op in sends:
         pair = (op.send.src, op.send.dst)
         if pair not in egress:
             link = topology.link(*pair)
             egress[pair] = link.ports[0] if link is not None and link.ports else None
-        port = egress[pair]
+    order = (lambda o: o.position)
+    if per_message:
+        peers_of_port: dict = defaultdict(set)
+        for (src, dst), port in egress.items():
+            peers_of_port[port].add(dst)
+        turn = {}
+        for port, peers in peers_of_port.items():
+            peers = sorted(peers)
+            turn.update({(port, dst): k for k, dst in enumerate(peers)})
+            sender = next(src for (src, _), p in egress.items() if p == port)
+            # among its peers, the ones after the sender come first (a ring's turns); beyond them all (a NIC's
+            # peers on another node), a turn by the sender's number
+            first = sum(1 for dst in peers if dst < sender) if peers[0] < sender < peers[-1] else sender
+            for dst in peers:
+                turn[(port, dst)] = (turn[(port, dst)] - first) % len(peers)
+        order = (lambda o: (o.position[0], o.position[1], turn[(egress[(o.send.src, o.send.dst)], o.send.dst)],
+                            o.position[2]))
+    for op in sorted(sends, key=order):
+        port = egress[(op.send.src, op.send.dst)]
         if port is None:
             continue
         before = previous.get(port)
