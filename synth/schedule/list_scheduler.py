@@ -152,7 +152,7 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     res_of_link = []
     for li in range(nlinks):
         busy = nbytes / (cap[li] * BYTES_PER_US_PER_GBPS)
-        res_of_link.append([(("l", li), busy)] + [(p, max(busy, nbytes / (port_bw[p] * BYTES_PER_US_PER_GBPS)))
+        res_of_link.append([(("l", li), busy)] + [(p, nbytes / (port_bw[p] * BYTES_PER_US_PER_GBPS))
                                                   for p in link_ports[li]])
     remaining: dict = {}
     for li in link_of:
