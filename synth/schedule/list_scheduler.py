@@ -119,15 +119,20 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
         then the longest remaining path; ``"tail"`` uses the remaining path only; ``"rank"`` uses ``rank``
         first, then the remaining path; ``"deadline"`` takes ``rank`` as each transfer's due time (us) and
         prefers the least slack, ``rank`` minus the remaining path (a chunk with far to go leaves first).
+        ``"sequence"``: no greedy choice, each sender's sends through one port go in ``rank`` order.
     fifo_depth : messages a connection holds before its sender waits (the runtime's, by default); None books
         as the replay does, with unbounded buffers and data usable on arrival.
 
     Every link keeps its waiting transfers (by ready time, and by priority once they can go); a global heap
     holds one entry per link, so booking a port re-ranks the links through that port, not every transfer
-    waiting behind it.
+    waiting behind it. The greedy booking chooses the order; with the runtime's FIFOs the order is then timed as
+    the runtime runs it (:func:`_time_in_sequence`): each rank sends through a port in that order, and a port
+    that several ranks share serves their sends as they come.
     """
     if collective.combining and collective.name == "allreduce":
         raise ValueError("allreduce is scheduled as its parts (synth.schedule.transforms.Concatenation)")
+    if rule not in ("work", "tail", "rank", "deadline", "sequence"):
+        raise ValueError(f"unknown rule {rule!r}; use work, tail, rank, deadline or sequence")
     op = REDUCE if collective.combining else COPY
     nbytes = collective.chunk_bytes(size_bytes)
     cap = np.array([l.capacity_GBps for l in topology.links])
@@ -135,7 +140,28 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     hop = alpha + nbytes / (cap * BYTES_PER_US_PER_GBPS)
     table = transfer_table(topology, route_links, hop)
     n = len(table.chunk)
+    tie = rank if rank is not None else np.zeros(n)
+    if rule == "sequence":
+        order = sorted(range(n), key=lambda i: (tie[i], i))
+    else:
+        order, start, end = _book_greedily(topology, collective, table, nbytes, op, own_first, tie, rule,
+                                           fifo_depth)
+    if rule == "sequence" or fifo_depth is not None:
+        order, start, end = _time_in_sequence(topology, table, nbytes, op, order, fifo_depth)
+    steps = number_steps(topology, table.link, table.preds, order, table.chunk if op == REDUCE else None)
+    transfers = tuple(Transfer(int(table.chunk[i]), topology.links[table.link[i]].src,
+                               topology.links[table.link[i]].dst, int(steps[i]), op, float(start[i]), float(end[i]))
+                      for i in order)
+    return Schedule(collective, topology.name, transfers, int(steps.max()) + 1 if n else 0, None, None, method,
+                    notes=dict(notes or {}))
+
+
+def _book_greedily(topology: Topology, collective: Collective, table: TransferTable, nbytes: float, op: str,
+                   own_first: bool, tie: np.ndarray, rule: str, fifo_depth: int | None):
+    """The greedy booking of :func:`list_schedule`: (booking order, start us, arrival us) per transfer."""
+    n = len(table.chunk)
     nlinks = len(topology.links)
+    cap = np.array([l.capacity_GBps for l in topology.links])
     clock = LinkClock(topology)
     link_ports = [l.ports for l in topology.links]
     port_bw = topology.port_capacity()
@@ -145,7 +171,6 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
         for i in range(n):
             li = int(table.link[i])
             own[i] = inter[li] and topology.links[li].src in collective.chunks[int(table.chunk[i])].sources
-    tie = rank if rank is not None else np.zeros(n)
     tail = table.tail_us
     link_of = [int(x) for x in table.link]
     # unbooked work (us) per resource; a transfer's resources are its link's, so urgency is per link
@@ -158,31 +183,11 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     for li in link_of:
         for k, b in res_of_link[li]:
             remaining[k] = remaining.get(k, 0.0) + b
-    if rule not in ("work", "tail", "rank", "deadline", "sequence"):
-        raise ValueError(f"unknown rule {rule!r}; use work, tail, rank, deadline or sequence")
     use_work = rule == "work"
-    # the sequence each link's sends are issued in: a rank's sends through one switch port, else the link's own
-    sequencer: dict = {}
-    seq_of: dict[int, int] = {}
-    seq_links: list[list[int]] = []
-    for li in sorted(set(link_of)):
-        l = topology.links[li]
-        q = sequencer.setdefault((l.src, l.sender_port) if l.sender_port is not None else ("l", li), len(sequencer))
-        if q == len(seq_links):
-            seq_links.append([])
-        seq_of[li] = q
-        seq_links[q].append(li)
-    seq_free = [0.0] * len(sequencer)
-    in_sequence = rule == "sequence"
-    if in_sequence:       # each sequence's transfers in rank order, the next one waits for its data
-        order_of: list[list[int]] = [[] for _ in sequencer]
-        for i in sorted(range(n), key=lambda i: (tie[i], i)):
-            order_of[seq_of[link_of[i]]].append(i)
-        next_of = [0] * len(sequencer)
     future: list[list] = [[] for _ in range(nlinks)]    # (ready, prio..., i)
-    arrived: list[list] = [[] for _ in range(nlinks)]   # (prio..., i), ready by arrived_at
+    arrived: list[list] = [[] for _ in range(nlinks)]   # (prio..., i)
+    version = [0] * nlinks
     arrived_at = [0.0] * nlinks
-    version = [0] * len(sequencer)
     ready = np.zeros(n)
     start = np.zeros(n)
     end = np.zeros(n)
@@ -198,116 +203,143 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
             return (not own[i], tie[i] - tail[i], i)
         return (not own[i], tie[i], -tail[i], i) if by_rank else (not own[i], -tail[i], tie[i], i)
 
-    def put_back(li: int, at: float) -> None:
-        """Transfers sorted by priority as ready by a time later than ``at`` wait by ready time again, so one
-        that is ready earlier is never overtaken."""
-        arr = arrived[li]
-        if arr and arrived_at[li] > at + _EPS:
-            for item in arr:
-                heapq.heappush(future[li], (ready[item[-1]],) + item)
-            arr.clear()
+    def link_key(li: int):
+        """(est, own, -urgency, -tail, tie, i) of the best transfer on link ``li``, or None.
 
-    def available_us(li: int, free: float) -> float | None:
-        """When link ``li`` could issue its next message once its sequence is free at ``free`` (None: nothing
-        waits on it)."""
-        at = max(free, fifo.room_us(li))
-        put_back(li, at)
-        if arrived[li]:
-            return at
-        return max(at, future[li][0][0]) if future[li] else None
-
-    def best_at(li: int, at: float):
-        """The best transfer on ``li`` ready by ``at``: its waiting ones are sorted by priority from then on."""
+        ``arrived`` holds transfers ready by ``arrived_at[li]``; when that is later than the link's free time
+        they are put back, so a transfer that becomes ready earlier is never overtaken."""
+        free = max(clock.link_free[li], fifo.room_us(li))
+        for p in link_ports[li]:
+            free = max(free, clock.port_free.get(p, 0.0))
         fut, arr = future[li], arrived[li]
-        put_back(li, at)
-        while fut and fut[0][0] <= at + _EPS:
+        if arr and arrived_at[li] > free + _EPS:
+            for item in arr:
+                heapq.heappush(fut, (ready[item[-1]],) + item)
+            arr.clear()
+        while fut and fut[0][0] <= free + _EPS:
             heapq.heappush(arr, heapq.heappop(fut)[1:])
-        arrived_at[li] = at
-        return arr[0]
-
-    def decide(q: int):
-        """(issue time, key, link, transfer) of sequence ``q``'s next send, or None: the sequence issues as soon
-        as one of its links has a transfer ready and room in its FIFO; among those, the one that can start first
-        (its link and ports free), then by the rule. With ``rule="sequence"`` the next is the next by rank, once
-        its data is there."""
-        free = seq_free[q]
-        if in_sequence:
-            if next_of[q] == len(order_of[q]):
-                return None
-            i = order_of[q][next_of[q]]
-            if unmet[i]:
-                return None
-            li = link_of[i]
-            return max(free, ready[i], fifo.room_us(li)), (tie[i], i), li, i
-        times = [(at, li) for li in seq_links[q] if (at := available_us(li, free)) is not None]
-        if not times:
+        if arr:
+            t = free
+        elif fut:
+            t = fut[0][0]
+            while fut and fut[0][0] <= t + _EPS:
+                heapq.heappush(arr, heapq.heappop(fut)[1:])
+            arrived_at[li] = t
+        else:
             return None
-        at = min(t for t, _ in times)
-        best = None
-        for t, li in times:
-            if t > at + _EPS:
-                continue
-            top = best_at(li, at)
-            est = max(at, clock.link_free[li], *(clock.port_free.get(p, 0.0) for p in link_ports[li]))
-            urgency = max(remaining[k] for k, _ in res_of_link[li]) if use_work else 0.0
-            key = (est, top[0], -urgency) + tuple(top[1:])
-            if best is None or key < best[0]:
-                best = (key, li, top[-1])
-        return (at,) + best
+        top = arr[0]
+        urgency = max(remaining[k] for k, _ in res_of_link[li]) if use_work else 0.0
+        return (t, top[0], -urgency) + tuple(top[1:])
 
     heap = []
 
-    def push(q: int):
-        decision = decide(q)
-        version[q] += 1
-        if decision is not None:
-            heapq.heappush(heap, (decision[0],) + decision[1] + (q, version[q]))
+    def push(li: int):
+        key = link_key(li)
+        if key is not None:
+            version[li] += 1
+            heapq.heappush(heap, key + (li, version[li]))
 
     for i in range(n):
-        if not unmet[i] and not in_sequence:
+        if not unmet[i]:
             heapq.heappush(future[link_of[i]], (0.0,) + prio(i))
-    for q in range(len(sequencer)):
-        if seq_links[q]:
-            push(q)
+    for li in range(nlinks):
+        push(li)
     booked_order = []
     while heap:
         entry = heapq.heappop(heap)
-        q, ver = entry[-2], entry[-1]
-        if ver != version[q]:
+        li, ver = entry[-2], entry[-1]
+        if ver != version[li]:
             continue
-        # the ports may have been booked since: choose again at the same issue time (it only moves with q's links)
-        at, _, li, i = decide(q)
-        if in_sequence:
-            next_of[q] += 1
-        else:
-            heapq.heappop(arrived[li])
-        res = clock.reserve(li, at, nbytes)
-        seq_free[q] = res.busy_until_us
+        fresh = link_key(li)
+        if fresh is None:
+            continue
+        if fresh[:3] > entry[:3]:
+            version[li] += 1
+            heapq.heappush(heap, fresh + (li, version[li]))
+            continue
+        i = heapq.heappop(arrived[li])[-1]
+        res = clock.reserve(li, max(ready[i], fifo.room_us(li)), nbytes)
         start[i], end[i] = res.start_us, res.arrival_us
         usable = fifo.take(li, (dst_of[li], int(table.chunk[i])) if op == REDUCE else None, res.arrival_us)
         booked_order.append(i)
         for k, b in res_of_link[li]:
             remaining[k] -= b
-        woken = set()
         for k in table.children[i]:
             ready[k] = max(ready[k], usable)
             unmet[k] -= 1
             if not unmet[k]:
-                if not in_sequence:
-                    heapq.heappush(future[link_of[k]], (ready[k],) + prio(k))
-                woken.add(seq_of[link_of[k]])
-        woken.add(q)
-        for w in woken:
-            push(w)
-    if len(booked_order) < n:
-        raise ValueError(f"rule 'sequence': the ranks make {n - len(booked_order)} transfers wait for each other")
-    steps = number_steps(topology, table.link, table.preds, booked_order,
-                         table.chunk if op == REDUCE else None)
-    transfers = tuple(Transfer(int(table.chunk[i]), topology.links[table.link[i]].src,
-                               topology.links[table.link[i]].dst, int(steps[i]), op, float(start[i]), float(end[i]))
-                      for i in booked_order)
-    return Schedule(collective, topology.name, transfers, int(steps.max()) + 1 if n else 0, None, None, method,
-                    notes=dict(notes or {}))
+                heapq.heappush(future[link_of[k]], (ready[k],) + prio(k))
+                if link_of[k] != li:
+                    push(link_of[k])
+        push(li)
+    return booked_order, start, end
+
+
+def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, op: str, order, fifo_depth):
+    """Time transfers as the runtime runs the plain program of this order: (booking order, start us, arrival us).
+
+    Each rank's sends through one switch port (else each link's) form a sequence in ``order`` (the lowering
+    keeps it with dependencies, :func:`backends.msccl.lowering._order_shared_ports`); a send goes once the one
+    before it in its sequence is on the wire, its data has been taken at its source and its connection's FIFO
+    has room. Sends are booked when they go, in time order, so a port that several ranks share (a NIC, a GPU's
+    NVSwitch ingress) serves them as they come, as the simulator (:mod:`backends.msccl.simulate`) does: no
+    program can order sends of different ranks. Raises ValueError when the sequences wait for each other."""
+    n = len(table.chunk)
+    link_of = [int(x) for x in table.link]
+    sequencer: dict = {}
+    seq_of: dict[int, int] = {}            # link -> its sequence
+    for li in sorted(set(link_of)):
+        l = topology.links[li]
+        seq_of[li] = sequencer.setdefault((l.src, l.sender_port) if l.sender_port is not None else ("l", li),
+                                          len(sequencer))
+    queue: list[list[int]] = [[] for _ in sequencer]
+    for i in order:
+        queue[seq_of[link_of[i]]].append(i)
+    position = [0] * len(queue)
+    free = [0.0] * len(queue)
+    clock = LinkClock(topology)
+    fifo = _Fifos(len(topology.links), fifo_depth)
+    ready = np.zeros(n)
+    start = np.zeros(n)
+    end = np.zeros(n)
+    unmet = [len(p) for p in table.preds]
+    heap: list[tuple[float, int, int]] = []
+    version = [0] * len(queue)
+
+    def push(q: int) -> None:
+        if position[q] == len(queue[q]):
+            return
+        i = queue[q][position[q]]
+        if unmet[i]:
+            return
+        version[q] += 1
+        heapq.heappush(heap, (max(free[q], ready[i], fifo.room_us(link_of[i])), q, version[q]))
+
+    for q in range(len(queue)):
+        push(q)
+    booked = []
+    while heap:
+        at, q, ver = heapq.heappop(heap)
+        if ver != version[q]:
+            continue
+        i = queue[q][position[q]]
+        position[q] += 1
+        li = link_of[i]
+        res = clock.reserve(li, at, nbytes)
+        free[q] = res.busy_until_us
+        start[i], end[i] = res.start_us, res.arrival_us
+        usable = fifo.take(li, (topology.links[li].dst, int(table.chunk[i])) if op == REDUCE else None,
+                           res.arrival_us)
+        booked.append(i)
+        for k in table.children[i]:
+            ready[k] = max(ready[k], usable)
+            unmet[k] -= 1
+            if not unmet[k]:
+                push(seq_of[link_of[k]])
+        push(q)
+    if len(booked) < n:
+        raise ValueError(f"rule 'sequence': the ranks make {n - len(booked)} transfers wait for each other")
+    return booked, start, end
 
 
 def reverse_in_time(forward: Schedule, topology: Topology, collective: Collective, size_bytes: float, method: str,
