@@ -48,11 +48,13 @@ class Lowering:
     channels: int = 1
     max_cnt: int = 1
     strict_merge: bool = False
+    per_message: bool = False
 
     @property
     def label(self) -> str:
         extra = [f"{self.channels} channels"] if self.channels > 1 else []
         extra += [f"cnt <= {self.max_cnt}"] if self.max_cnt > 1 else []
+        extra += ["whole messages"] if self.per_message else []
         return ("fused" if self.fuse else "plain") + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -101,7 +103,7 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
     between lowerings of the one schedule (:class:`~backends.msccl.lowering.PlannedOps`)."""
     program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
                              channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
-                             max_bytes=max_bytes, planned=planned)
+                             max_bytes=max_bytes, planned=planned, per_message=lowering.per_message)
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
 
 
@@ -191,6 +193,35 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
             break
     assert best is not None
     return best
+
+
+def has_multi_chunk_messages(schedule: Schedule) -> bool:
+    """Whether some step moves several chunks over one connection (a message that merging can send whole)."""
+    seen = set()
+    for t in schedule.transfers:
+        key = (t.src, t.dst, t.step)
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
+def whole_message_fit(schedule: Schedule, topology: Topology, target: str, fuse: bool, **program_options
+                      ) -> Fit | None:
+    """The schedule on one channel with each step's chunks between two peers sent as one message (dependencies per
+    message, merged up to the runtime's largest ``cnt``), when it fits; None when it does not or when no step moves
+    several chunks over a connection.
+
+    At small sizes a message costs its alpha: a whole-buffer message sent as one step per chunk pays it once per
+    two chunks (the runtime keeps two messages in flight per connection), while the fit search's smallest
+    ``max_cnt`` keeps the pipelining that large sizes want.
+    """
+    if not has_multi_chunk_messages(schedule):
+        return None
+    lowering = Lowering(fuse, 1, MAX_CNT, per_message=True)
+    fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
+                  topology.sms_per_gpu)
+    return fit if fit.fits else None
 
 
 def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options) -> list[Fit]:

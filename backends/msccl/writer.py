@@ -34,8 +34,8 @@ from synth.schedule.costmodel import load_bound_us
 from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT
-from backends.msccl.fit import (Fit, Lowering, fit_lowering, hopeless, iter_wider_fits, unmerged_too_long,
-                               wider_channels)
+from backends.msccl.fit import (Fit, Lowering, fit_lowering, has_multi_chunk_messages, hopeless, iter_wider_fits,
+                               unmerged_too_long, whole_message_fit, wider_channels)
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
@@ -147,29 +147,36 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
               options: dict) -> Iterator[tuple[Fit, tuple[Lowering, ...]]]:
     """The fitted lowerings, each with the kinds of lowering that may still come after it (for :func:`_settled`):
     fused without merging (each fit, then its wider spreads), plain, then fused with merged steps only when the
-    unmerged fused one does not fit. A merged fused program wins no ties (:func:`_favoured`), so it is searched
-    for last: on dgx1 tree packings a dozen fused lowerings that never fit came before the plain one that does
-    (20 s of a 30 s solve). A lowering that cannot fit is recorded in ``failures``."""
+    unmerged fused one does not fit, and last each step's chunks between two peers as one message
+    (:func:`~backends.msccl.fit.whole_message_fit`, fused then plain). A merged fused program wins no ties
+    (:func:`_favoured`), so it is searched for late: on dgx1 tree packings a dozen fused lowerings that never fit
+    came before the plain one that does (20 s of a 30 s solve). A lowering that cannot fit is recorded in
+    ``failures``."""
+    whole = tuple(Lowering(fuse, 1, MAX_CNT, per_message=True) for fuse in (True, False)
+                  ) if has_multi_chunk_messages(schedule) else ()
     unmerged = None if unmerged_too_long(schedule, target, True) else fit_lowering(
         schedule, topology, target, True, most_cnt=1, **options)
     if unmerged:
         _check_name(unmerged.program.name)
     merged_may_come = () if unmerged and unmerged.fits else (Lowering(True, max_cnt=2),)
     if unmerged and unmerged.fits:
-        yield from _with_spreads(schedule, topology, target, unmerged, (Lowering(False),), options)
+        yield from _with_spreads(schedule, topology, target, unmerged, (Lowering(False),) + whole, options)
     plain = fit_lowering(schedule, topology, target, False, **options)
     _check_name(plain.program.name)
     if plain.fits:
-        yield from _with_spreads(schedule, topology, target, plain, merged_may_come, options)
+        yield from _with_spreads(schedule, topology, target, plain, merged_may_come + whole, options)
     else:
         failures.append((f"{plain.lowering.label} lowering breaks a runtime rule: {plain.reason()}", True))
-    if unmerged and unmerged.fits:
-        return
-    merged = fit_lowering(schedule, topology, target, True, **options)
-    if merged.fits:
-        yield from _with_spreads(schedule, topology, target, merged, (), options)
-    else:
-        failures.append((f"{merged.lowering.label} lowering breaks a runtime rule: {merged.reason()}", True))
+    if not (unmerged and unmerged.fits):
+        merged = fit_lowering(schedule, topology, target, True, **options)
+        if merged.fits:
+            yield from _with_spreads(schedule, topology, target, merged, whole, options)
+        else:
+            failures.append((f"{merged.lowering.label} lowering breaks a runtime rule: {merged.reason()}", True))
+    for k, lowering in enumerate(whole):
+        fit = whole_message_fit(schedule, topology, target, lowering.fuse, **options)
+        if fit is not None:
+            yield fit, whole[k + 1:]
 
 
 def _with_spreads(schedule: Schedule, topology: Topology, target: str, fit: Fit, later: tuple[Lowering, ...],

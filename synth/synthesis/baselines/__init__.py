@@ -52,6 +52,7 @@ from synth.synthesis.baselines.hierarchical import hierarchical_routes
 from synth.synthesis.baselines.plans import (DEFAULT_ORDER_BYTES, Routes, check_links, count_transfers,
                                              not_applicable, order_plans, plan_collective)
 from synth.synthesis.baselines.rings import bidir_ring_routes, find_ring, multi_ring_routes, pack_rings, ring_routes
+from synth.synthesis.baselines.shortest import SHORTEST_PATH, shortest_path_routes
 from synth.synthesis.baselines.trees import double_tree_routes
 
 # ----------------------------------------------------------------------------------------------- registry
@@ -96,6 +97,9 @@ BASELINES = MappingProxyType({b.name: b for b in (
                                                           "gather", "scatter"), all_pairs_routes),
     Baseline(DIRECT_EXCHANGE, "whole buffers reduced between linked peers, then across nodes: one traversal",
              ("allreduce",), direct_exchange_routes),
+    Baseline(SHORTEST_PATH, "every chunk along alpha-shortest paths (out-trees from, in-trees to each rank)",
+             ("allgather", "reducescatter", "broadcast", "reduce", "alltoall", "gather", "scatter"),
+             shortest_path_routes),
 )})
 
 
