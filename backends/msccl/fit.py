@@ -208,14 +208,15 @@ def has_multi_chunk_messages(schedule: Schedule) -> bool:
 def whole_message_fit(schedule: Schedule, topology: Topology, target: str, fuse: bool, **program_options
                       ) -> Fit | None:
     """The schedule on one channel with each step's chunks between two peers sent as one message (dependencies per
-    message, merged up to the runtime's largest ``cnt``), when it fits; None when it does not or when no step moves
-    several chunks over a connection.
+    message, merged up to the runtime's largest ``cnt``), when it fits; None when it does not, when no step moves
+    several chunks over a connection, or for schedules of more than :data:`WIDEN_MAX_STEPS` transfers (another
+    whole lowering and simulation, where clusters' writes already take minutes).
 
     At small sizes a message costs its alpha: a whole-buffer message sent as one step per chunk pays it once per
     two chunks (the runtime keeps two messages in flight per connection), while the fit search's smallest
     ``max_cnt`` keeps the pipelining that large sizes want.
     """
-    if not has_multi_chunk_messages(schedule):
+    if len(schedule.transfers) > WIDEN_MAX_STEPS or not has_multi_chunk_messages(schedule):
         return None
     lowering = Lowering(fuse, 1, MAX_CNT, per_message=True)
     fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,

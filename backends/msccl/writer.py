@@ -90,7 +90,8 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
     # every variant lowers the same per-rank ops (planned once per mode)
     options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes, planned=PlannedOps(schedule))
-    variants = _variants(schedule, topology, target, failures, options)
+    whole = bool(size_bytes) and _alpha_bound(schedule, topology, size_bytes)    # whole messages worth a try
+    variants = _variants(schedule, topology, target, failures, options, whole)
     floor_us = None     # no program of the schedule simulates faster (computed with the first one)
     timed: list[tuple[tuple, float | None, Fit]] = []    # (sort key, simulated us, fit), not yet judged
     programs: list[MscclProgram] = []                     # every program timed (the same one is not timed twice)
@@ -105,7 +106,7 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
             time_us = _simulated_us(fit.program, topology, size_bytes)
             timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
             if first_round and ((deadline is not None and deadline.expired)
-                                or _settled(timed, floor_us, fit.lowering)):
+                                or _settled(timed, floor_us, fit.lowering, whole)):
                 break
         else:
             exhausted = True
@@ -136,10 +137,10 @@ def schedule_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
 
 
 def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],
-              options: dict) -> Iterator[Fit]:
-    """The fitted lowerings, fused first (each fit, then its wider spreads), then each step's chunks between two
-    peers as one message (:func:`~backends.msccl.fit.whole_message_fit`); a lowering that cannot fit is recorded
-    in ``failures``."""
+              options: dict, whole: bool = False) -> Iterator[Fit]:
+    """The fitted lowerings, fused first (each fit, then its wider spreads), then, with ``whole`` (alphas
+    dominate: :func:`_alpha_bound`), each step's chunks between two peers as one message
+    (:func:`~backends.msccl.fit.whole_message_fit`); a lowering that cannot fit is recorded in ``failures``."""
     for fuse in (True, False):
         fit = fit_lowering(schedule, topology, target, fuse, **options)
         _check_name(fit.program.name)
@@ -148,10 +149,22 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
             continue
         yield fit
         yield from iter_wider_fits(schedule, topology, target, fit, **options)
+    if not whole:
+        return
     for fuse in (True, False):
         whole = whole_message_fit(schedule, topology, target, fuse, **options)
         if whole is not None:
             yield whole
+
+
+def _alpha_bound(schedule: Schedule, topology: Topology, size_bytes: int) -> bool:
+    """Whether the schedule's busiest link or port is busy at ``size_bytes`` for less than the largest alpha it
+    pays (:func:`~synth.schedule.costmodel.load_bound_us` without latency): then whole messages (one alpha each)
+    can beat chunks that pay it again and again; beyond, the pipelining the fit search keeps is worth more."""
+    alpha_us = max((topology.link(t.src, t.dst).alpha_us for t in schedule.transfers), default=0.0)
+    busy_us = load_bound_us(((t.src, t.dst) for t in schedule.transfers), topology,
+                            schedule.collective.chunk_bytes(size_bytes), MAX_CNT, latency=False)
+    return busy_us < alpha_us
 
 
 def _sort_key(time_us: float | None, lowering: Lowering) -> tuple:
@@ -162,14 +175,14 @@ def _sort_key(time_us: float | None, lowering: Lowering) -> tuple:
     return (effective, not lowering.fuse, lowering.channels)
 
 
-def _settled(timed: list, floor_us: float, last: Lowering) -> bool:
-    """Whether no variant still to come (the wider spreads of ``last``, then plain ones) can sort before the best
-    timed: none simulates faster than ``floor_us``, and spreads only add channels."""
+def _settled(timed: list, floor_us: float, last: Lowering, whole: bool = False) -> bool:
+    """Whether no variant still to come (the wider spreads of ``last``, plain ones, whole messages with ``whole``)
+    can sort before the best timed: none simulates faster than ``floor_us``, and spreads only add channels."""
     best = min(entry[0] for entry in timed)
     to_come = [_sort_key(floor_us, replace(last, channels=last.channels + 1))]
     if last.fuse:
         to_come.append(_sort_key(floor_us, Lowering(False)))
-    if not last.per_message:
+    if whole and not last.per_message:
         to_come.append(_sort_key(floor_us, Lowering(True, 1, MAX_CNT, per_message=True)))
     return all(best <= key for key in to_come)
 
