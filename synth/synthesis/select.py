@@ -102,6 +102,8 @@ def alpha_beta_candidate(request: SynthesisRequest, progress: Progress = _quiet)
     return Candidate(result.schedule.method, result, report)
 
 
+TREES_LABEL = "trees/"     # the start of every tree-packing candidate's label
+
 # Chunks per rank tried for tree packing besides its own pick: fewer chunks give programs that fit the
 # executor's 64 steps per threadblock on direct-link machines (dgx1), at a small cost in pipelining.
 TREE_CHUNK_OPTIONS = (64, 16)
@@ -116,28 +118,42 @@ TREES_AT_LIMIT = 0.01
 def _at_the_limit(request: SynthesisRequest, found: list[Candidate]) -> bool:
     """Whether a runnable tree-packing candidate replays within :data:`TREES_AT_LIMIT` of the physical limit."""
     limit = request.bound.limit_us
-    return any(c.label.startswith("trees/") and c.result.schedule.collective.runs_at_power_of_two_sizes
+    return any(c.label.startswith(TREES_LABEL) and c.result.schedule.collective.runs_at_power_of_two_sizes
                and c.report.time_us <= limit * (1 + TREES_AT_LIMIT) for c in found)
 
 
-def tree_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
-    """Tree-packing schedules (:mod:`synth.synthesis.trees`): its own chunk count, and fewer chunks that fit."""
-    from synth.synthesis.trees import pipeline_chunks, synthesize_trees
+def tree_candidates(request: SynthesisRequest, progress: Progress = _quiet, fallbacks: bool = True
+                    ) -> list[Candidate]:
+    """Tree-packing schedules (:mod:`synth.synthesis.trees`): its own chunk count, and (``fallbacks``) fewer
+    chunks that fit (:func:`tree_fallback_candidates`)."""
+    from synth.synthesis.trees import pipeline_chunks
 
-    own = pipeline_chunks(request.topology, request.collective, request.size_bytes, request.root)
-    counts = [request.chunks] if request.chunks else [own] + [c for c in TREE_CHUNK_OPTIONS if c < own]
-    found = []
-    for chunks in counts:
-        tree = synthesize_trees(request.topology, request.collective, request.size_bytes, request.root,
-                                request.options, request.target, chunks)
-        schedule = tree.schedule
-        result = SynthesisResult(schedule, tree.status, tree.solve_seconds, tree.gap,
-                                 len(free_symmetry_group(request.topology)), schedule.steps, None,
-                                 tree.chunks_per_rank)
-        report = verify(schedule, request.topology, request.size_bytes)
-        progress(f"  trees C={tree.chunks_per_rank}: {report.time_us:.2f} us ({tree.num_trees} trees)")
-        found.append(Candidate(f"trees/c{tree.chunks_per_rank}", result, report))
-    return found
+    if request.chunks:
+        return [_tree_candidate(request, request.chunks, progress)]
+    own = _tree_candidate(request, pipeline_chunks(request.topology, request.collective, request.size_bytes,
+                                                   request.root), progress)
+    return [own] + (tree_fallback_candidates(request, own, progress) if fallbacks else [])
+
+
+def tree_fallback_candidates(request: SynthesisRequest, own: Candidate, progress: Progress = _quiet
+                             ) -> list[Candidate]:
+    """Tree packings with fewer chunks per rank (:data:`TREE_CHUNK_OPTIONS`) than the ``own`` candidate's: the
+    fallbacks for a program too long for the runtime."""
+    own_chunks = own.result.chunks
+    return [_tree_candidate(request, c, progress) for c in TREE_CHUNK_OPTIONS if c < own_chunks]
+
+
+def _tree_candidate(request: SynthesisRequest, chunks: int, progress: Progress) -> Candidate:
+    from synth.synthesis.trees import synthesize_trees
+
+    tree = synthesize_trees(request.topology, request.collective, request.size_bytes, request.root,
+                            request.options, request.target, chunks)
+    schedule = tree.schedule
+    result = SynthesisResult(schedule, tree.status, tree.solve_seconds, tree.gap,
+                             len(free_symmetry_group(request.topology)), schedule.steps, None, tree.chunks_per_rank)
+    report = tree.replay     # verified by replay at the request's size
+    progress(f"  trees C={tree.chunks_per_rank}: {report.time_us:.2f} us ({tree.num_trees} trees)")
+    return Candidate(f"{TREES_LABEL}c{tree.chunks_per_rank}", result, report)
 
 
 def hierarchy_applies(request: SynthesisRequest) -> bool:
@@ -198,8 +214,11 @@ def timed_phase(name: str, run: Callable[[], list[Candidate]], request: Synthesi
         return []
 
 
-def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
+def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, tree_fallbacks: bool = True
+                        ) -> list[Candidate]:
     """Every verified candidate for the request, fastest first. Raises InfeasibleError when there is none.
+    ``tree_fallbacks=False`` leaves out tree packings with fewer chunks than their own count
+    (:func:`tree_fallback_candidates`; ``synth solve`` makes them only when it needs them).
 
     >>> from synth.model.topology import load_topology
     >>> found = verified_candidates(SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20))
@@ -219,7 +238,8 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
     # candidates still come after theirs, so that a tie goes to the smaller step or alpha-beta program)
     trees: list[Candidate] = []
     if method == Method.TREES or (flat and request.sketch is None and request.collective != "alltoall"):
-        trees = timed_phase("tree packing", lambda: tree_candidates(request, progress), request, progress)
+        trees = timed_phase("tree packing", lambda: tree_candidates(request, progress, tree_fallbacks), request,
+                            progress)
     if request.open_choice and _at_the_limit(request, trees):
         progress(f"  trees are within {TREES_AT_LIMIT:.0%} of the limit: step and alpha-beta searches skipped")
         use_steps = hierarchy = flat = False
