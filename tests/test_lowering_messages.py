@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from backends.msccl.fit import fit_lowering, has_multi_chunk_messages, whole_message_fit
+from backends.msccl.fit import fit_lowering, has_multi_chunk_messages, in_flight_channels, whole_message_fit
 from backends.msccl.lowering import lower_to_msccl
 from backends.msccl.simulate import simulate_program
 from backends.msccl.writer import emit_verified_xml
@@ -108,3 +108,17 @@ def test_a_node_of_sixteen_exchanges_in_one_phase():
     schedule = build_baseline(DIRECT_EXCHANGE, "allreduce", load_topology("dgx2", 2))
     assert schedule.notes["exchange_groups"] == [[list(range(16))]]
     assert schedule.steps == 2
+
+
+def test_a_crowded_high_alpha_connection_gets_a_channel_per_two_messages():
+    # TE-CCL's two NDv2 nodes have one link each way between them (GPU 1 -> GPU 0 of the other node, 1.3 us): by
+    # shortest paths the 64 blocks of an Alltoall that cross it are 64 messages on one connection, and the runtime
+    # holds two per connection and channel, so on 8 channels each channel pays the 1.3 us four times in a row
+    topo = load_topology("ndv2-2node-tecc")
+    schedule = build_baseline(SHORTEST_PATH, "alltoall", topo)
+    plain = fit_lowering(schedule, topo, "executor", fuse=False)
+    assert in_flight_channels(schedule, topo, plain, fifo_depth=2) == 32
+    assert in_flight_channels(schedule, topo, plain, fifo_depth=8) is None     # LL: 8 channels hold them already
+    emitted = emit_verified_xml(schedule, topo, "executor", KB)
+    assert emitted.channels == 32
+    assert emitted.simulated_us < 4.1 + 1.3     # less than one more crossing of the link than the alpha-diameter

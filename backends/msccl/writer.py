@@ -34,8 +34,10 @@ from synth.schedule.costmodel import load_bound_us
 from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT
-from backends.msccl.fit import (Fit, Lowering, fit_lowering, has_multi_chunk_messages, hopeless, iter_wider_fits,
-                               unmerged_too_long, whole_message_fit, wider_channels)
+from backends.msccl.fit import (Fit, Lowering, fit_lowering, has_multi_chunk_messages, hopeless, in_flight_channels,
+                               iter_wider_fits, lower_fitted, measure, unmerged_too_long, whole_message_fit,
+                               wider_channels)
+from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
@@ -149,7 +151,8 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     fused without merging (each fit, then its wider spreads), plain, then fused with merged steps only when the
     unmerged fused one does not fit, and last each step's chunks between two peers as one message
     (:func:`~backends.msccl.fit.whole_message_fit`, fused then plain; with ``whole_messages``, where alphas
-    dominate: :func:`_alpha_bound`). A merged fused program wins no ties (:func:`_favoured`), so it is searched for
+    dominate: :func:`_alpha_bound`, which also tries plain sends and receives on the channels that keep every
+    message of a connection in flight, :func:`~backends.msccl.fit.in_flight_channels`). A merged fused program wins no ties (:func:`_favoured`), so it is searched for
     late: on dgx1 tree packings a dozen fused lowerings that never fit came before the plain one that does (20 s of
     a 30 s solve). A lowering that cannot fit is recorded in ``failures``."""
     whole = tuple(Lowering(fuse, 1, MAX_CNT, per_message=True) for fuse in (True, False)
@@ -165,6 +168,14 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     _check_name(plain.program.name)
     if plain.fits:
         yield from _with_spreads(schedule, topology, target, plain, merged_may_come + whole, options)
+        channels = in_flight_channels(schedule, topology, plain, RUNTIME_FIFO_DEPTH.get(
+            options["proto"], DEFAULT_RUNTIME_FIFO_DEPTH)) if whole_messages else None
+        if channels is not None:
+            lowering = replace(plain.lowering, channels=channels)
+            wide = measure(lower_fitted(schedule, topology, target, lowering, **options), lowering, target,
+                           topology.sms_per_gpu)
+            if wide.fits:
+                yield wide, merged_may_come + whole
     else:
         failures.append((f"{plain.lowering.label} lowering breaks a runtime rule: {plain.reason()}", True))
     if not (unmerged and unmerged.fits):
