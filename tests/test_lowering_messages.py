@@ -7,6 +7,8 @@ merged), it pays it once. The figures below are what the cost model allows and n
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
 from backends.msccl.fit import fit_lowering, has_multi_chunk_messages, in_flight_channels, whole_message_fit
@@ -122,3 +124,14 @@ def test_a_crowded_high_alpha_connection_gets_a_channel_per_two_messages():
     emitted = emit_verified_xml(schedule, topo, "executor", KB)
     assert emitted.channels == 32
     assert emitted.simulated_us < 4.1 + 1.3     # less than one more crossing of the link than the alpha-diameter
+
+
+def test_equally_short_paths_share_the_links_between_nodes():
+    # TE-CCL's two DGX-2 nodes: eight links each way (odd GPU 2k+1 to GPU 2k of the other node), every one on a
+    # shortest path from some GPU to the other node; the 16 x 16 blocks an Alltoall sends each way average 32 per
+    # link (an odd GPU's own 16 must take its own link), where one search tree put 88 on one link
+    topo = load_topology("dgx2-2node-tecc")
+    schedule = build_baseline(SHORTEST_PATH, "alltoall", topo)
+    crossing = Counter((t.src, t.dst) for t in schedule.transfers if topo.node_of(t.src) != topo.node_of(t.dst))
+    assert len(crossing) == 16 and sum(crossing.values()) == 2 * 256
+    assert max(crossing.values()) <= 40
