@@ -209,14 +209,15 @@ def has_multi_chunk_messages(schedule: Schedule) -> bool:
 def whole_message_fit(schedule: Schedule, topology: Topology, target: str, fuse: bool, **program_options
                       ) -> Fit | None:
     """The schedule on one channel with each step's chunks between two peers sent as one message (dependencies per
-    message, merged up to the runtime's largest ``cnt``), when it fits; None when it does not or when no step moves
-    several chunks over a connection.
+    message, merged up to the runtime's largest ``cnt``), when it fits; None when it does not, when no step moves
+    several chunks over a connection, or for schedules of more than :data:`WIDEN_MAX_STEPS` transfers (another
+    whole lowering and simulation, where clusters' writes already take minutes).
 
     At small sizes a message costs its alpha: a whole-buffer message sent as one step per chunk pays it once per
     two chunks (the runtime keeps two messages in flight per connection), while the fit search's smallest
     ``max_cnt`` keeps the pipelining that large sizes want.
     """
-    if not has_multi_chunk_messages(schedule):
+    if len(schedule.transfers) > WIDEN_MAX_STEPS or not has_multi_chunk_messages(schedule):
         return None
     lowering = Lowering(fuse, 1, MAX_CNT, per_message=True)
     fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
@@ -240,6 +241,20 @@ def iter_wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fi
                         topology.sms_per_gpu)
         if wider.fits:
             yield wider
+
+
+def in_flight_channels(schedule: Schedule, topology: Topology, fit: Fit, fifo_depth: int) -> int | None:
+    """Channels on which every message of the busiest connection can be in flight at once (the runtime holds
+    ``fifo_depth`` per connection and channel, at most :data:`MAX_CHANNELS`), when :func:`wider_channels` does not
+    offer as many already; None otherwise. (Only connections with many messages take more channels, so the SMs'
+    linear estimate of :func:`wider_channels` is not applied: measuring the lowering says whether it fits.)
+
+    Where alphas dominate, a connection of more messages than its channels hold in flight pays its alpha once per
+    ``fifo_depth`` messages: TE-CCL's two NDv2 nodes relay an Alltoall's 64 blocks of a node over one link (1.3 us),
+    7.4 us on 8 channels and 4.8 us on 32."""
+    wanted = min(MAX_CHANNELS, ceil(_longest_connection(schedule) / fifo_depth))
+    offered = wider_channels(topology, fit)
+    return None if wanted <= max((fit.lowering.channels, *offered)) else wanted
 
 
 def wider_channels(topology: Topology, fit: Fit) -> tuple[int, ...]:
