@@ -413,7 +413,7 @@ def _order_shared_ports(ops: list[_Op], topology, per_message: bool = False) -> 
         pair = (op.send.src, op.send.dst)
         if pair not in egress:
             link = topology.link(*pair)
-            egress[pair] = link.ports[0] if link is not None and link.ports else None
+            egress[pair] = None if link is None else link.sender_port
     order = (lambda o: o.position)
     if per_message:
         peers_of_port: dict = defaultdict(set)
