@@ -42,12 +42,15 @@ WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on 
 @dataclass(frozen=True)
 class Lowering:
     """How a schedule is lowered: fused ``rcs``/``rrs`` chains or plain sends and receives, the channels each
-    connection is cut into, and the most chunks one merged step carries (1: no merging)."""
+    connection is cut into, and the most chunks one merged step carries (1: no merging). ``balanced``: the
+    channels cut each connection by its messages' positions, so they divide its steps evenly (the fit search's
+    cuts: its arithmetic assumes that), rather than by chunk (:func:`~backends.msccl.lowering.spread_index`)."""
 
     fuse: bool
     channels: int = 1
     max_cnt: int = 1
     strict_merge: bool = False
+    balanced: bool = False
 
     @property
     def label(self) -> str:
@@ -101,7 +104,7 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
     between lowerings of the one schedule (:class:`~backends.msccl.lowering.PlannedOps`)."""
     program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
                              channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
-                             max_bytes=max_bytes, planned=planned)
+                             max_bytes=max_bytes, planned=planned, balance=lowering.balanced)
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
 
 
@@ -160,7 +163,8 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         if (channels, max_cnt) in tried:
             break
         tried.add((channels, max_cnt))
-        lowering = Lowering(fuse, channels, max_cnt, strict_merge)
+        # cuts made to bound the steps divide them evenly (one channel: nothing to cut)
+        lowering = Lowering(fuse, channels, max_cnt, strict_merge, balanced=channels > 1)
         fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target, sms)
         if fit.fits:
             return fit
