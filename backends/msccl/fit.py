@@ -158,6 +158,8 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     longest = max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
     channels, max_cnt = max(1, min(MAX_CHANNELS - 1, ceil(longest / limit))), 1
     best: Fit | None = None
+    planned = program_options["planned"]
+    lowered: dict[int, list] = {}    # id(fit) -> the memo keys its trial added (forgotten when it is no longer best)
     tried = set()
     for _ in range(MAX_TRIALS):
         if (channels, max_cnt) in tried:
@@ -165,11 +167,18 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         tried.add((channels, max_cnt))
         # cuts made to bound the steps divide them evenly (one channel: nothing to cut)
         lowering = Lowering(fuse, channels, max_cnt, strict_merge, balanced=channels > 1)
+        before = set(planned.programs) if planned is not None else set()
         fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target, sms)
         if fit.fits:
             return fit
+        if planned is not None:
+            lowered[id(fit)] = [key for key in planned.programs if key not in before]
         if best is None or _closer(fit, best):
-            best = fit
+            best, missed = fit, best
+        else:
+            missed = fit
+        if missed is not None and planned is not None:   # only the closest miss is kept: memory grows per trial
+            planned.forget(lowered.pop(id(missed)))
         kinds = {f.kind for f in fit.broken}
         crowding = _most_on_a_channel(fit.program) / MAX_TBS_PER_CHANNEL_DIRECTION if "tb-connection" in kinds else 0
         # too many tbs or channels: more channels cannot help; too many peers on one channel: they can

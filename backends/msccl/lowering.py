@@ -298,6 +298,12 @@ class PlannedOps:
         self._planned: dict[bool, tuple[list, object]] = {}
         self.programs: dict[tuple, MscclProgram] = {}
 
+    def forget(self, keys) -> None:
+        """Drop the programs lowered under ``keys`` (lowerings that did not fit: at 1024 GPUs each holds about a
+        GB)."""
+        for key in keys:
+            self.programs.pop(key, None)
+
     def plans(self, fuse: bool) -> tuple[list[_RankPlan], object]:
         """Fresh rank plans (their ops are changed by threadblock assignment) and the buffer layout."""
         if fuse not in self._planned:
