@@ -42,13 +42,16 @@ WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on 
 @dataclass(frozen=True)
 class Lowering:
     """How a schedule is lowered: fused ``rcs``/``rrs`` chains or plain sends and receives, the channels each
-    connection is cut into, and the most chunks one merged step carries (1: no merging)."""
+    connection is cut into, and the most chunks one merged step carries (1: no merging). ``balanced``: the
+    channels cut each connection by its messages' positions, so they divide its steps evenly (the fit search's
+    cuts: its arithmetic assumes that), rather than by chunk (:func:`~backends.msccl.lowering.spread_index`)."""
 
     fuse: bool
     channels: int = 1
     max_cnt: int = 1
     strict_merge: bool = False
     per_message: bool = False
+    balanced: bool = False
 
     @property
     def label(self) -> str:
@@ -103,7 +106,8 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
     between lowerings of the one schedule (:class:`~backends.msccl.lowering.PlannedOps`)."""
     program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
                              channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
-                             max_bytes=max_bytes, planned=planned, per_message=lowering.per_message)
+                             max_bytes=max_bytes, planned=planned, per_message=lowering.per_message,
+                             balance=lowering.balanced)
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
 
 
@@ -158,17 +162,27 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     longest = _longest_connection(schedule)
     channels, max_cnt = max(1, min(_mode_channels(fuse), ceil(longest / limit))), 1
     best: Fit | None = None
+    planned = program_options["planned"]
+    lowered: dict[int, list] = {}    # id(fit) -> the memo keys its trial added (forgotten when it is no longer best)
     tried = set()
     for _ in range(MAX_TRIALS):
         if (channels, max_cnt) in tried:
             break
         tried.add((channels, max_cnt))
-        lowering = Lowering(fuse, channels, max_cnt, strict_merge)
+        # cuts made to bound the steps divide them evenly (one channel: nothing to cut)
+        lowering = Lowering(fuse, channels, max_cnt, strict_merge, balanced=channels > 1)
+        before = set(planned.programs) if planned is not None else set()
         fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target, sms)
         if fit.fits:
             return fit
+        if planned is not None:
+            lowered[id(fit)] = [key for key in planned.programs if key not in before]
         if best is None or _closer(fit, best):
-            best = fit
+            best, missed = fit, best
+        else:
+            missed = fit
+        if missed is not None and planned is not None:   # only the closest miss is kept: memory grows per trial
+            planned.forget(lowered.pop(id(missed)))
         kinds = {f.kind for f in fit.broken}
         crowding = _most_on_a_channel(fit.program) / MAX_TBS_PER_CHANNEL_DIRECTION if "tb-connection" in kinds else 0
         # too many tbs or channels: more channels cannot help; too many peers on one channel: they can
