@@ -59,7 +59,7 @@ def test_the_fit_takes_every_channel_before_merging_steps(long_chain):
 
     schedule, ring4 = long_chain
     fit = fit_lowering(schedule, ring4, "executor", fuse=False)
-    assert fit.fits and fit.lowering == Lowering(False, 32, 1)
+    assert fit.fits and fit.lowering == Lowering(False, 32, 1, balanced=True)
 
 
 def test_a_merged_fused_lowering_does_not_win_ties_over_an_unmerged_one(long_chain):
@@ -69,3 +69,21 @@ def test_a_merged_fused_lowering_does_not_win_ties_over_an_unmerged_one(long_cha
     schedule, ring4 = long_chain
     emitted = emit_verified_xml(schedule, ring4, "executor", GB)
     assert (emitted.lowering.fuse, emitted.lowering.max_cnt) == (False, 1)
+
+
+def test_balanced_channels_divide_a_connection_whose_chunks_share_a_stride():
+    # on 64 x dgx-h100 on rails every chunk crossing a rail is a multiple of 8 apart: spread by chunk, 2, 4 and 8
+    # channels all left a connection on one threadblock; balanced, its messages alternate
+    from synth.model.collectives import make_collective
+    from synth.schedule.ir import Schedule, Transfer
+
+    strided = tuple(Transfer(c, 0, 1, step=k) for k, c in enumerate(range(0, 64, 8)))
+    schedule = Schedule(make_collective("broadcast", 4, 64, 0), "ring-4", strided, len(strided))
+    ring4 = load_topology("ring-4")
+
+    def steps_per_send_tb(balance: bool) -> list[int]:
+        program = lower_to_msccl(schedule, topology=ring4, fuse=False, channels=2, balance=balance)
+        return sorted(len(tb.steps) for tb in program.gpus[0].tbs if tb.send == 1)
+
+    assert steps_per_send_tb(False) == [8]
+    assert steps_per_send_tb(True) == [4, 4]

@@ -7,9 +7,11 @@ merged), it pays it once. The figures below are what the cost model allows and n
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 
-from backends.msccl.fit import fit_lowering, has_multi_chunk_messages, whole_message_fit
+from backends.msccl.fit import fit_lowering, has_multi_chunk_messages, in_flight_channels, whole_message_fit
 from backends.msccl.lowering import lower_to_msccl
 from backends.msccl.simulate import simulate_program
 from backends.msccl.writer import emit_verified_xml
@@ -108,3 +110,28 @@ def test_a_node_of_sixteen_exchanges_in_one_phase():
     schedule = build_baseline(DIRECT_EXCHANGE, "allreduce", load_topology("dgx2", 2))
     assert schedule.notes["exchange_groups"] == [[list(range(16))]]
     assert schedule.steps == 2
+
+
+def test_a_crowded_high_alpha_connection_gets_a_channel_per_two_messages():
+    # TE-CCL's two NDv2 nodes have one link each way between them (GPU 1 -> GPU 0 of the other node, 1.3 us): by
+    # shortest paths the 64 blocks of an Alltoall that cross it are 64 messages on one connection, and the runtime
+    # holds two per connection and channel, so on 8 channels each channel pays the 1.3 us four times in a row
+    topo = load_topology("ndv2-2node-tecc")
+    schedule = build_baseline(SHORTEST_PATH, "alltoall", topo)
+    plain = fit_lowering(schedule, topo, "executor", fuse=False)
+    assert in_flight_channels(schedule, topo, plain, fifo_depth=2) == 32
+    assert in_flight_channels(schedule, topo, plain, fifo_depth=8) is None     # LL: 8 channels hold them already
+    emitted = emit_verified_xml(schedule, topo, "executor", KB)
+    assert emitted.channels == 32
+    assert emitted.simulated_us < 4.1 + 1.3     # less than one more crossing of the link than the alpha-diameter
+
+
+def test_equally_short_paths_share_the_links_between_nodes():
+    # TE-CCL's two DGX-2 nodes: eight links each way (odd GPU 2k+1 to GPU 2k of the other node), every one on a
+    # shortest path from some GPU to the other node; the 16 x 16 blocks an Alltoall sends each way average 32 per
+    # link (an odd GPU's own 16 must take its own link), where one search tree put 88 on one link
+    topo = load_topology("dgx2-2node-tecc")
+    schedule = build_baseline(SHORTEST_PATH, "alltoall", topo)
+    crossing = Counter((t.src, t.dst) for t in schedule.transfers if topo.node_of(t.src) != topo.node_of(t.dst))
+    assert len(crossing) == 16 and sum(crossing.values()) == 2 * 256
+    assert max(crossing.values()) <= 40

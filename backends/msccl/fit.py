@@ -42,13 +42,16 @@ WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on 
 @dataclass(frozen=True)
 class Lowering:
     """How a schedule is lowered: fused ``rcs``/``rrs`` chains or plain sends and receives, the channels each
-    connection is cut into, and the most chunks one merged step carries (1: no merging)."""
+    connection is cut into, and the most chunks one merged step carries (1: no merging). ``balanced``: the
+    channels cut each connection by its messages' positions, so they divide its steps evenly (the fit search's
+    cuts: its arithmetic assumes that), rather than by chunk (:func:`~backends.msccl.lowering.spread_index`)."""
 
     fuse: bool
     channels: int = 1
     max_cnt: int = 1
     strict_merge: bool = False
     per_message: bool = False
+    balanced: bool = False
 
     @property
     def label(self) -> str:
@@ -103,7 +106,8 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
     between lowerings of the one schedule (:class:`~backends.msccl.lowering.PlannedOps`)."""
     program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
                              channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
-                             max_bytes=max_bytes, planned=planned, per_message=lowering.per_message)
+                             max_bytes=max_bytes, planned=planned, per_message=lowering.per_message,
+                             balance=lowering.balanced)
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
 
 
@@ -158,17 +162,27 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     longest = _longest_connection(schedule)
     channels, max_cnt = max(1, min(_mode_channels(fuse), ceil(longest / limit))), 1
     best: Fit | None = None
+    planned = program_options["planned"]
+    lowered: dict[int, list] = {}    # id(fit) -> the memo keys its trial added (forgotten when it is no longer best)
     tried = set()
     for _ in range(MAX_TRIALS):
         if (channels, max_cnt) in tried:
             break
         tried.add((channels, max_cnt))
-        lowering = Lowering(fuse, channels, max_cnt, strict_merge)
+        # cuts made to bound the steps divide them evenly (one channel: nothing to cut)
+        lowering = Lowering(fuse, channels, max_cnt, strict_merge, balanced=channels > 1)
+        before = set(planned.programs) if planned is not None else set()
         fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target, sms)
         if fit.fits:
             return fit
+        if planned is not None:
+            lowered[id(fit)] = [key for key in planned.programs if key not in before]
         if best is None or _closer(fit, best):
-            best = fit
+            best, missed = fit, best
+        else:
+            missed = fit
+        if missed is not None and planned is not None:   # only the closest miss is kept: memory grows per trial
+            planned.forget(lowered.pop(id(missed)))
         kinds = {f.kind for f in fit.broken}
         crowding = _most_on_a_channel(fit.program) / MAX_TBS_PER_CHANNEL_DIRECTION if "tb-connection" in kinds else 0
         # too many tbs or channels: more channels cannot help; too many peers on one channel: they can
@@ -209,14 +223,15 @@ def has_multi_chunk_messages(schedule: Schedule) -> bool:
 def whole_message_fit(schedule: Schedule, topology: Topology, target: str, fuse: bool, **program_options
                       ) -> Fit | None:
     """The schedule on one channel with each step's chunks between two peers sent as one message (dependencies per
-    message, merged up to the runtime's largest ``cnt``), when it fits; None when it does not or when no step moves
-    several chunks over a connection.
+    message, merged up to the runtime's largest ``cnt``), when it fits; None when it does not, when no step moves
+    several chunks over a connection, or for schedules of more than :data:`WIDEN_MAX_STEPS` transfers (another
+    whole lowering and simulation, where clusters' writes already take minutes).
 
     At small sizes a message costs its alpha: a whole-buffer message sent as one step per chunk pays it once per
     two chunks (the runtime keeps two messages in flight per connection), while the fit search's smallest
     ``max_cnt`` keeps the pipelining that large sizes want.
     """
-    if not has_multi_chunk_messages(schedule):
+    if len(schedule.transfers) > WIDEN_MAX_STEPS or not has_multi_chunk_messages(schedule):
         return None
     lowering = Lowering(fuse, 1, MAX_CNT, per_message=True)
     fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
@@ -240,6 +255,20 @@ def iter_wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fi
                         topology.sms_per_gpu)
         if wider.fits:
             yield wider
+
+
+def in_flight_channels(schedule: Schedule, topology: Topology, fit: Fit, fifo_depth: int) -> int | None:
+    """Channels on which every message of the busiest connection can be in flight at once (the runtime holds
+    ``fifo_depth`` per connection and channel, at most :data:`MAX_CHANNELS`), when :func:`wider_channels` does not
+    offer as many already; None otherwise. (Only connections with many messages take more channels, so the SMs'
+    linear estimate of :func:`wider_channels` is not applied: measuring the lowering says whether it fits.)
+
+    Where alphas dominate, a connection of more messages than its channels hold in flight pays its alpha once per
+    ``fifo_depth`` messages: TE-CCL's two NDv2 nodes relay an Alltoall's 64 blocks of a node over one link (1.3 us),
+    7.4 us on 8 channels and 4.8 us on 32."""
+    wanted = min(MAX_CHANNELS, ceil(_longest_connection(schedule) / fifo_depth))
+    offered = wider_channels(topology, fit)
+    return None if wanted <= max((fit.lowering.channels, *offered)) else wanted
 
 
 def wider_channels(topology: Topology, fit: Fit) -> tuple[int, ...]:

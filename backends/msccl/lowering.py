@@ -298,6 +298,12 @@ class PlannedOps:
         self._planned: dict[bool, tuple[list, object]] = {}
         self.programs: dict[tuple, MscclProgram] = {}
 
+    def forget(self, keys) -> None:
+        """Drop the programs lowered under ``keys`` (lowerings that did not fit: at 1024 GPUs each holds about a
+        GB)."""
+        for key in keys:
+            self.programs.pop(key, None)
+
     def plans(self, fuse: bool) -> tuple[list[_RankPlan], object]:
         """Fresh rank plans (their ops are changed by threadblock assignment) and the buffer layout."""
         if fuse not in self._planned:
@@ -322,24 +328,27 @@ def _copy_op(op: _Op) -> _Op:
 def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = None, target: str = "executor",
                    proto: str = "Simple", name: str | None = None, min_bytes: int = 0,
                    max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1,
-                   group: int = 1, planned: PlannedOps | None = None, per_message: bool = False) -> MscclProgram:
+                   group: int = 1, planned: PlannedOps | None = None, per_message: bool = False,
+                   balance: bool = False) -> MscclProgram:
     """Lower a verified Schedule to an MSCCL program (threadblocks, channels, steps, dependencies).
 
     ``topology`` and ``size_bytes`` are accepted for a uniform backend signature; the program itself does not
     depend on them (MSCCL selects it by size range through ``min_bytes``/``max_bytes``). ``channels`` > 1 sends
     groups of ``group`` consecutive chunks round robin over that many channels (fused: over that many sets of
     channels), so each threadblock holds a share of a long connection's steps (the executor runs at most 64 per
-    threadblock); :mod:`backends.msccl.merge` can then merge each group into one step. ``planned`` (for
-    ``schedule``) keeps the per-rank ops between lowerings of one schedule. ``per_message``: dependencies between
-    whole messages (:func:`_wait_per_message`), so that merging can make each message one step.
+    threadblock); :mod:`backends.msccl.merge` can then merge each group into one step. ``balance`` (without
+    groups to merge) cuts every connection by its messages' positions instead, so that the channels divide its
+    steps evenly whatever its chunks are (:func:`_spread_over_channels`). ``planned`` (for ``schedule``) keeps the
+    per-rank ops between lowerings of one schedule. ``per_message``: dependencies between whole messages
+    (:func:`_wait_per_message`), so that merging can make each message one step.
     """
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
-    key = (fuse, channels, group, target, proto, name, min_bytes, max_bytes, per_message)
+    key = (fuse, channels, group, balance, target, proto, name, min_bytes, max_bytes, per_message)
     if planned is not None and key in planned.programs:
         return planned.programs[key]
     program = _lower(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, fuse, channels, group,
-                     planned, per_message)
+                     planned, per_message, balance)
     if planned is not None:
         planned.programs[key] = program
     return program
@@ -353,12 +362,12 @@ UNFUSE_STALLED_ROUNDS = 3
 
 def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, name: str | None, min_bytes: int,
            max_bytes: int, fuse: bool, channels: int, group: int, planned: PlannedOps | None,
-           per_message: bool = False) -> MscclProgram:
+           per_message: bool = False, balance: bool = False) -> MscclProgram:
     """:func:`lower_to_msccl` without the memo."""
     plans, layout = planned.plans(fuse) if planned is not None else _plan_ops(schedule, fuse)
     buckets = _peer_buckets(schedule)
     spread = None if channels <= 1 and not buckets else _spread_over_channels(schedule, channels, group, buckets,
-                                                                              max_steps(target))
+                                                                              max_steps(target), balance)
     unfused = []       # ops unfused per round
     for _ in range(UNFUSE_ROUNDS):
         bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
@@ -375,7 +384,7 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
             plan.ops.extend(extra)
     if bad:
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
-                              channels, group, planned, per_message)
+                              channels, group, planned, per_message, balance)
     coll = schedule.collective
     peers = _PeerSlots({id(op.send): op.src for plan in plans for op in plan.ops if op.send is not None},
                        {id(op.recv): op.dst for plan in plans for op in plan.ops if op.recv is not None})
@@ -445,11 +454,12 @@ def _order_shared_ports(ops: list[_Op], topology, per_message: bool = False) -> 
 
 
 def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1,
-                          buckets: dict[tuple[int, int], int] | None = None, steps_per_tb: int | None = None) -> dict:
+                          buckets: dict[tuple[int, int], int] | None = None, steps_per_tb: int | None = None,
+                          balance: bool = False) -> dict:
     """Channel of every transfer (by id; both ends of a connection agree), in the set of ``channels`` that
     ``buckets`` gives its connection (:func:`_peer_buckets`; none: set 0). When some connection has more messages
-    than a threadblock holds (``steps_per_tb``) and no groups of ``group`` chunks are to merge, channels bound the
-    steps: a message goes by its position among its connection's messages modulo the connection's share of the
+    than a threadblock holds (``steps_per_tb``), or when asked to ``balance``, and no groups of ``group`` chunks are
+    to merge, channels bound the steps: a message goes by its position among its connection's messages modulo the connection's share of the
     channels (in proportion to its messages, so light connections take fewer threadblocks). Otherwise channels add
     parallelism: :func:`spread_index` of its chunk (a chunk takes one channel everywhere; ndv2 x2 Allreduce 1 KB
     on 8 channels: 4.2 us, by position 5.5 us).
@@ -457,13 +467,16 @@ def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1,
     By position, the connection's threadblocks take its messages in turn, which is the schedule's order on the
     link (the link serves whichever threadblock is ready): by chunk, a tree packing whose link carries chunks 0, 8,
     16, ... of one tree and then of another put a tree's run on one threadblock and let the others overtake it
-    (dgx1 ReduceScatter 1 GB on 8 channels: 0.8% slower than planned; 0.2% by position)."""
+    (dgx1 ReduceScatter 1 GB on 8 channels: 0.8% slower than planned; 0.2% by position). By chunk, channels may
+    also not divide a connection at all: on 64 x dgx-h100 on rails, every chunk crossing GPU 0's rail is a
+    multiple of 8 apart, so 2, 4 and 8 channels left its 64 messages (and their 64 dependency ``nop`` steps) on
+    one threadblock; the fit search therefore asks to ``balance``."""
     channel: dict[int, int] = {}
     per_connection: dict[tuple[int, int], list] = defaultdict(list)
     for t in schedule.transfers:
         per_connection[(t.src, t.dst)].append(t)
     longest = max((len(messages) for messages in per_connection.values()), default=0)
-    if group <= 1 and (steps_per_tb is None or longest > steps_per_tb):
+    if group <= 1 and (balance or steps_per_tb is None or longest > steps_per_tb):
         for messages in per_connection.values():
             # a connection with fewer messages needs fewer threadblocks for the same steps each
             share = max(1, ceil(channels * len(messages) / longest))

@@ -34,8 +34,10 @@ from synth.schedule.costmodel import load_bound_us
 from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT
-from backends.msccl.fit import (Fit, Lowering, fit_lowering, has_multi_chunk_messages, hopeless, iter_wider_fits,
-                               unmerged_too_long, whole_message_fit, wider_channels)
+from backends.msccl.fit import (Fit, Lowering, fit_lowering, has_multi_chunk_messages, hopeless, in_flight_channels,
+                               iter_wider_fits, lower_fitted, measure, unmerged_too_long, whole_message_fit,
+                               wider_channels)
+from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
 from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
@@ -86,7 +88,8 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
 
     ``plan_us``, the schedule's own replayed time at ``size_bytes`` (whole chunks, store-and-forward), bounds the
     variants with merged steps too: a relay forwards a merged message only once all of it has arrived, so merging
-    never gets a chunk anywhere sooner than the plan (:func:`_settled`).
+    never gets a chunk anywhere sooner than the plan; they are made only when the best variant is more than
+    :data:`TIE` slower than that (:func:`_settled`).
     """
     if topology is None:
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
@@ -97,7 +100,8 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
     # every variant lowers the same per-rank ops (planned once per mode)
     options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes, planned=PlannedOps(schedule))
-    variants = _variants(schedule, topology, target, failures, options)
+    variants = _variants(schedule, topology, target, failures, options,
+                         whole_messages=bool(size_bytes) and _alpha_bound(schedule, topology, size_bytes))
     floor_us = None     # no program of the schedule simulates faster (computed with the first one)
     timed: list[tuple[tuple, float | None, Fit]] = []    # (sort key, simulated us, fit), not yet judged
     programs: list[MscclProgram] = []                     # every program timed (the same one is not timed twice)
@@ -143,16 +147,17 @@ def schedule_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
 
 
 def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],
-              options: dict) -> Iterator[tuple[Fit, tuple[Lowering, ...]]]:
+              options: dict, whole_messages: bool = True) -> Iterator[tuple[Fit, tuple[Lowering, ...]]]:
     """The fitted lowerings, each with the kinds of lowering that may still come after it (for :func:`_settled`):
     fused without merging (each fit, then its wider spreads), plain, then fused with merged steps only when the
     unmerged fused one does not fit, and last each step's chunks between two peers as one message
-    (:func:`~backends.msccl.fit.whole_message_fit`, fused then plain). A merged fused program wins no ties
-    (:func:`_favoured`), so it is searched for late: on dgx1 tree packings a dozen fused lowerings that never fit
-    came before the plain one that does (20 s of a 30 s solve). A lowering that cannot fit is recorded in
-    ``failures``."""
+    (:func:`~backends.msccl.fit.whole_message_fit`, fused then plain; with ``whole_messages``, where alphas
+    dominate: :func:`_alpha_bound`, which also tries plain sends and receives on the channels that keep every
+    message of a connection in flight, :func:`~backends.msccl.fit.in_flight_channels`). A merged fused program wins no ties (:func:`_favoured`), so it is searched for
+    late: on dgx1 tree packings a dozen fused lowerings that never fit came before the plain one that does (20 s of
+    a 30 s solve). A lowering that cannot fit is recorded in ``failures``."""
     whole = tuple(Lowering(fuse, 1, MAX_CNT, per_message=True) for fuse in (True, False)
-                  ) if has_multi_chunk_messages(schedule) else ()
+                  ) if whole_messages and has_multi_chunk_messages(schedule) else ()
     unmerged = None if unmerged_too_long(schedule, target, True) else fit_lowering(
         schedule, topology, target, True, most_cnt=1, **options)
     if unmerged:
@@ -164,6 +169,14 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     _check_name(plain.program.name)
     if plain.fits:
         yield from _with_spreads(schedule, topology, target, plain, merged_may_come + whole, options)
+        channels = in_flight_channels(schedule, topology, plain, RUNTIME_FIFO_DEPTH.get(
+            options["proto"], DEFAULT_RUNTIME_FIFO_DEPTH)) if whole_messages else None
+        if channels is not None:
+            lowering = replace(plain.lowering, channels=channels)
+            wide = measure(lower_fitted(schedule, topology, target, lowering, **options), lowering, target,
+                           topology.sms_per_gpu)
+            if wide.fits:
+                yield wide, merged_may_come + whole
     else:
         failures.append((f"{plain.lowering.label} lowering breaks a runtime rule: {plain.reason()}", True))
     if not (unmerged and unmerged.fits):
@@ -176,6 +189,16 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
         fit = whole_message_fit(schedule, topology, target, lowering.fuse, **options)
         if fit is not None:
             yield fit, whole[k + 1:]
+
+
+def _alpha_bound(schedule: Schedule, topology: Topology, size_bytes: int) -> bool:
+    """Whether the schedule's busiest link or port is busy at ``size_bytes`` for less than the largest alpha it
+    pays (:func:`~synth.schedule.costmodel.load_bound_us` without latency): then whole messages (one alpha each)
+    can beat chunks that pay it again and again; beyond, the pipelining the fit search keeps is worth more."""
+    alpha_us = max((topology.link(t.src, t.dst).alpha_us for t in schedule.transfers), default=0.0)
+    busy_us = load_bound_us(((t.src, t.dst) for t in schedule.transfers), topology,
+                            schedule.collective.chunk_bytes(size_bytes), MAX_CNT, latency=False)
+    return busy_us < alpha_us
 
 
 def _with_spreads(schedule: Schedule, topology: Topology, target: str, fit: Fit, later: tuple[Lowering, ...],
@@ -198,10 +221,12 @@ def _sort_key(time_us: float | None, lowering: Lowering) -> tuple:
 def _settled(timed: list, floor_us: float, later: tuple[Lowering, ...], plan_us: float | None = None) -> bool:
     """Whether no variant still to come (of the kinds ``later``) can be chosen for being faster than the best
     timed: none simulates faster than ``floor_us``, and none with merged steps faster than ``plan_us`` either
-    (when given). Equal times settle it, up to the simulator's rounding (a variant as fast is not worth another
+    (when given), which they are not worth lowering for unless the best is more than :data:`TIE` slower (a
+    merged program trades pipelining for fitting: dgx1 Broadcast 1 GB, plain 0.02% slower than planned, merged
+    51%). Equal times settle it, up to the simulator's rounding (a variant as fast is not worth another
     lowering)."""
     best = min(entry[0][0] for entry in timed)
-    merged_floor_us = max(floor_us, plan_us or 0.0)
+    merged_floor_us = max(floor_us, (plan_us or 0.0) * (1 + TIE))
     return all(best <= _sort_key(merged_floor_us if lowering.max_cnt > 1 else floor_us, lowering)[0] * (1 + SAME)
                for lowering in later)
 

@@ -8,6 +8,7 @@ the MSCCL runtimes will select at power-of-two sizes compete (a power-of-two ``n
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -46,9 +47,13 @@ class Candidate:
 
 def _search_rounds(request: SynthesisRequest, steps: int, chunks: int, max_rounds: int,
                    progress: Progress) -> SynthesisResult:
-    """Fewest rounds (from ``steps`` up) for which a schedule exists; each probe is one small MILP."""
+    """Fewest rounds for which a schedule exists, from ``steps`` or the rounds-per-chunk LP bound up (fewer are
+    infeasible: dgx2 Alltoall with 4 chunks needs 60, probed one by one from 1 for 25 s); each probe is one
+    small MILP."""
     last_error = None
-    for rounds in range(steps, max_rounds + 1):
+    # the LP optimum is a float: a bound of exactly 15 must not become 16
+    least = max(steps, math.ceil(chunks * request.rounds_per_chunk * (1 - ROUNDS_BOUND_SLACK)))
+    for rounds in range(least, max_rounds + 1):
         progress(f"  trying steps={steps} rounds={rounds} chunks={chunks}")
         try:
             return synthesize_steps(request.topology, request.collective, steps, rounds, chunks, request.root,
@@ -57,6 +62,9 @@ def _search_rounds(request: SynthesisRequest, steps: int, chunks: int, max_round
             last_error = exc
     raise InfeasibleError(f"no schedule with {steps} steps, up to {max_rounds} rounds and {chunks} chunk(s) per "
                           f"rank ({last_error}); give --steps/--rounds explicitly")
+
+
+ROUNDS_BOUND_SLACK = 1e-6
 
 
 def step_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
@@ -103,6 +111,7 @@ def alpha_beta_candidate(request: SynthesisRequest, progress: Progress = _quiet)
 
 
 TREES_LABEL = "trees/"     # the start of every tree-packing candidate's label
+PATHS_LABEL = "alltoall-paths/"     # and of every Alltoall path-flow candidate's
 
 # Chunks per rank tried for tree packing besides its own pick: fewer chunks give programs that fit the
 # executor's 64 steps per threadblock on direct-link machines (dgx1), at a small cost in pipelining.
@@ -116,9 +125,10 @@ TREES_AT_LIMIT = 0.01
 
 
 def _at_the_limit(request: SynthesisRequest, found: list[Candidate]) -> bool:
-    """Whether a runnable tree-packing candidate replays within :data:`TREES_AT_LIMIT` of the physical limit."""
+    """Whether a runnable tree-packing or Alltoall path candidate replays within :data:`TREES_AT_LIMIT` of the
+    physical limit."""
     limit = request.bound.limit_us
-    return any(c.label.startswith(TREES_LABEL) and c.result.schedule.collective.runs_at_power_of_two_sizes
+    return any(c.label.startswith((TREES_LABEL, PATHS_LABEL)) and c.result.schedule.collective.runs_at_power_of_two_sizes
                and c.report.time_us <= limit * (1 + TREES_AT_LIMIT) for c in found)
 
 
@@ -240,8 +250,14 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
     if method == Method.TREES or (flat and request.sketch is None and request.collective != "alltoall"):
         trees = timed_phase("tree packing", lambda: tree_candidates(request, progress, tree_fallbacks), request,
                             progress)
-    if request.open_choice and _at_the_limit(request, trees):
-        progress(f"  trees are within {TREES_AT_LIMIT:.0%} of the limit: step and alpha-beta searches skipped")
+    # Alltoall's path flows likewise (dgx2 1 GB: at the limit in 0.5 s, the alpha-beta MILP took 3.5 s to tie)
+    paths: list[Candidate] = []
+    if flat and request.sketch is None and request.collective == "alltoall":
+        from synth.synthesis.alltoall import alltoall_candidates
+        paths = timed_phase("alltoall paths", lambda: alltoall_candidates(request, progress), request, progress)
+    if request.open_choice and _at_the_limit(request, trees + paths):
+        what = "trees are" if trees else "alltoall paths are"
+        progress(f"  {what} within {TREES_AT_LIMIT:.0%} of the limit: step and alpha-beta searches skipped")
         use_steps = hierarchy = flat = False
     if use_steps:
         try:
@@ -254,10 +270,7 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
         found += timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request, progress)
     if method in (Method.ROUTED, Method.TIMEXP) or flat:
         found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
-    found += trees
-    if flat and request.sketch is None and request.collective == "alltoall":
-        from synth.synthesis.alltoall import alltoall_candidates
-        found += timed_phase("alltoall paths", lambda: alltoall_candidates(request, progress), request, progress)
+    found += trees + paths
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:
