@@ -262,7 +262,7 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     ('bidir-ring', True)
     >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20, max_transfers=12)
     >>> [run.name for run in table.runs], [reason for reason in table.reasons if "budget" in reason][0]
-    (['ring'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12 per baseline, 6 with more chunks than its fewest')
+    (['ring', 'shortest-path'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12 per baseline, 6 with more chunks than its fewest')
     """
     cname = normalize_name(collective_name)
     per_schedule = MAX_BASELINE_TRANSFERS if max_transfers is None else max_transfers
