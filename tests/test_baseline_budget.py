@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from synth.model.topology import load_topology
 from synth.solver.deadline import Deadline
 from synth.synthesis.baselines import evaluate_baselines
@@ -46,7 +48,8 @@ def test_an_expired_deadline_builds_only_the_cheapest():
     # ring/c1 has 12 transfers; bidir-ring and multi-ring already 24 with one chunk per ring
     assert built(table) == ["ring/c1"]
     assert table.reasons[-1] == ("ring/c2, ring/c4, bidir-ring/c1, bidir-ring/c2, bidir-ring/c4, multi-ring/c1, "
-                                 "multi-ring/c2, multi-ring/c4: not built, the time limit was reached")
+                                 "multi-ring/c2, multi-ring/c4, shortest-path/c1, shortest-path/c2, shortest-path/c4: not built, "
+                                 "the time limit was reached")
 
 
 def test_a_deadline_passing_during_the_first_build_stops_after_it():
@@ -61,7 +64,8 @@ def test_a_deadline_passing_during_the_first_build_stops_after_it():
     # the most promising is built first: both directions of the ring carry half the bytes of one
     assert built(table) == ["bidir-ring/c1"]
     assert table.reasons[-1] == ("ring/c1, ring/c2, ring/c4, bidir-ring/c2, bidir-ring/c4, multi-ring/c1, "
-                                 "multi-ring/c2, multi-ring/c4: not built, the time limit was reached")
+                                 "multi-ring/c2, multi-ring/c4, shortest-path/c1, shortest-path/c2, shortest-path/c4: not built, "
+                                 "the time limit was reached")
 
 
 def test_the_request_builds_its_baselines_within_its_search_deadline():
@@ -71,8 +75,8 @@ def test_the_request_builds_its_baselines_within_its_search_deadline():
 
 
 def test_the_table_budget_gives_every_baseline_one_chunk_before_any_gets_more():
-    # dgx1 Allgather: ring and recursive-doubling hold 56 transfers per chunk per rank, bidir-ring 112 and
-    # multi-ring (6 rings) 336 with one chunk per ring
+    # dgx1 Allgather: ring, recursive-doubling and shortest-path hold 56 transfers per chunk per rank, bidir-ring 112
+    # and multi-ring (6 rings) 336 with one chunk per ring
     heard = []
     table = evaluate_baselines("allgather", load_topology("dgx1"), MB, max_transfers=240, max_table_transfers=400,
                                progress=heard.append)
@@ -81,11 +85,13 @@ def test_the_table_budget_gives_every_baseline_one_chunk_before_any_gets_more():
     # one chunk each, least loaded busiest link first (bidir-ring halves the ring's); the second chunk goes to
     # the fastest with one chunk among those whose second chunk is within 120 transfers: recursive doubling
     # (21.7 us) before the ring (23.3 us), and the table's 400 transfers end there
-    assert building == ["bidir-ring/c1", "ring/c1", "recursive-doubling/c1", "recursive-doubling/c2"]
+    assert building == ["bidir-ring/c1", "ring/c1", "recursive-doubling/c1", "shortest-path/c1",
+                        "recursive-doubling/c2"]
     assert us[("bidir-ring", 1)] < us[("recursive-doubling", 1)] < us[("ring", 1)]
-    assert built(table) == ["ring/c1", "bidir-ring/c1", "recursive-doubling/c1", "recursive-doubling/c2"]
-    assert table.reasons[-1] == ("ring/c2: not built, the baselines built hold 336 transfers and the budget of the "
-                                 "table is 400")
+    assert built(table) == ["ring/c1", "bidir-ring/c1", "recursive-doubling/c1", "recursive-doubling/c2",
+                            "shortest-path/c1"]
+    assert table.reasons[-1] == ("ring/c2, shortest-path/c2: not built, the baselines built hold 392 transfers and "
+                                 "the budget of the table is 400")
 
 
 def test_more_chunks_get_half_the_budget_of_the_fewest():
@@ -119,7 +125,8 @@ def test_no_baseline_is_built_when_even_the_cheapest_is_over_the_table_budget():
 def test_the_busiest_link_bound_that_orders_the_builds_is_below_every_replay():
     from synth.synthesis.baselines import BASELINES, _footprint
 
-    for topo, collective in ((load_topology("dgx1"), "allreduce"), (load_topology("ndv2", nodes=2), "allgather")):
+    for topo, collective in ((load_topology("dgx1"), "allreduce"), (load_topology("ndv2", nodes=2), "allgather"),
+                             (load_topology("dgx-h100", 2, "rail"), "alltoall")):     # all-pairs crosses the spine
         for run in evaluate_baselines(collective, topo, 1 << 30, chunk_options=(1,)).runs:
             routes = BASELINES[run.name].routes(topo, collective, None)
             bound = _footprint(collective, topo, routes, None, 1 << 30).busiest_us
@@ -127,4 +134,4 @@ def test_the_busiest_link_bound_that_orders_the_builds_is_below_every_replay():
     # ring-4 Allgather around one ring: each link carries 3 of the 4 quarters of 1 GB at 25 GB/s
     ring = BASELINES["ring"].routes(load_topology("ring-4"), "allgather", None)
     assert _footprint("allgather", load_topology("ring-4"), ring, None, 1 << 30).busiest_us == \
-        3 * (1 << 30) / 4 / 25e3
+        pytest.approx(3 * (1 << 30) / 4 / 25e3, rel=1e-12)

@@ -123,6 +123,10 @@ def test_best_baseline_is_the_fastest():
 def test_best_baseline_without_any_applicable_one():
     star = topology_from_dict({"ranks": 4, "defaults": {"alpha_us": 1, "bw_GBps": 10},
                                "links": [{"src": 0, "dst": r, "bidirectional": True} for r in (1, 2, 3)]}, "star")
+    # only shortest paths relay through the hub, and they serve machines of up to 64 ranks
+    assert best_baseline("alltoall", star, 1024).name == "shortest-path"
+    star = topology_from_dict({"ranks": 65, "defaults": {"alpha_us": 1, "bw_GBps": 10},
+                               "links": [{"src": 0, "dst": r, "bidirectional": True} for r in range(1, 65)]}, "star")
     with pytest.raises(InputError, match="no baseline applies to alltoall on star"):
         best_baseline("alltoall", star, 1024)
 

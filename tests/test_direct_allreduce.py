@@ -48,7 +48,7 @@ def test_two_nodes_exchange_node_sums_over_the_links_they_have():
 
 
 @pytest.mark.parametrize("name, reason", [
-    ("ring-8", "the ranks 0..7 of topology ring-8 neither form one linked group of at most 8 nor factor into two "
+    ("ring-8", "the ranks 0..7 of topology ring-8 neither form one linked group of at most 16 nor factor into two "
                "phases of such groups"),
     ("ndv2-4node-tecc", "no rank of 0..7 on topology ndv2-4node-tecc is linked from every other node, or one "
                         "cannot be reached from such a rank inside its node"),

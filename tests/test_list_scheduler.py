@@ -3,6 +3,7 @@ time is the simulated time of its MSCCL program, also for reductions booked from
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from backends.msccl.interpret import RUNTIME_FIFO_DEPTH as BACKEND_FIFO_DEPTH
@@ -83,3 +84,45 @@ def test_unknown_rule_is_refused():
     topo = load_topology("ring-4")
     with pytest.raises(ValueError, match="unknown rule 'fastest'"):
         list_schedule(topo, make_collective("allgather", 4, 1), [()] * 4, MB, "test", rule="fastest")
+
+
+def _port_orders(topo, timed):
+    """Per switch port, the links its messages came from in the order they started there."""
+    orders = {}
+    for start, src, dst in sorted(timed):
+        for port in topo.link(src, dst).ports:
+            orders.setdefault(port, []).append((src, dst))
+    return orders
+
+
+def test_a_nic_two_ranks_share_serves_them_in_the_order_the_runtime_does():
+    """GPUs 0 and 1 of a DGX-2 share one NIC: the runtime serves their sends in the order they come, which the
+    program cannot change (dependencies order one rank's steps only). The plan books them so, and its order on
+    every port and its time are the simulator's (greedy booking by priority put two of GPU 0's sends first)."""
+    topo = load_topology("dgx2", nodes=2)
+    li = topo.link_index
+    coll = make_collective("allgather", 32, 4)
+    routes = [()] * len(coll.chunks)
+    for piece in range(4):
+        routes[piece] = (li[(0, 16)], li[(16, 18)])           # rank 0's pieces: NIC, then the far NVSwitch
+        routes[4 + piece] = (li[(1, 17)], li[(17, 18)])
+    plan = list_schedule(topo, coll, routes, 64 * MB, "test")
+    report = simulate_program(lower_to_msccl(plan, topology=topo, fuse=False), topo, 64 * MB)
+    assert report.time_us == pytest.approx(max(t.end_us for t in plan.transfers))
+    simulated = [(e.start_us, e.args["src"], e.args["dst"]) for e in report.events if e.track == "link"]
+    assert _port_orders(topo, simulated) == _port_orders(topo, [(t.start_us, t.src, t.dst) for t in plan.transfers])
+
+
+def test_rule_sequence_sends_in_rank_order_and_refuses_a_cycle():
+    topo = load_topology("ring-4")
+    li = topo.link_index
+    coll = make_collective("allgather", 4, 2)
+    routes = [(li[(0, 1)],), (li[(0, 1)],)] + [()] * 6
+    later_first = list_schedule(topo, coll, routes, MB, "test", rank=np.array([1.0, 0.0]), rule="sequence")
+    assert [t.chunk for t in sorted(later_first.transfers, key=lambda t: t.start_us)] == [1, 0]
+    # chunk 0 goes 0 -> 1 -> 2 -> 3 and chunk 4 goes 2 -> 3 -> 0 -> 1, and each of 0 -> 1 and 2 -> 3 is to carry
+    # the other chunk first: neither can start
+    hop = {pair: li[pair] for pair in ((0, 1), (1, 2), (2, 3), (3, 0))}
+    routes = [(hop[0, 1], hop[1, 2], hop[2, 3])] + [()] * 3 + [(hop[2, 3], hop[3, 0], hop[0, 1])] + [()] * 3
+    with pytest.raises(ValueError, match="6 transfers wait for each other"):
+        list_schedule(topo, coll, routes, MB, "test", rank=np.array([1.0, 0, 0, 1, 0, 0]), rule="sequence")

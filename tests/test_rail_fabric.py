@@ -81,6 +81,17 @@ def test_transfers_between_rails_queue_on_the_uplink():
     assert back.start_us == 0.0
 
 
+def test_a_non_blocking_uplink_carries_its_nics_at_once():
+    # R = 1: leaf 0's uplink carries 2 x 50 GB/s, so two transfers leaving rail 0 at once share it (each holds it
+    # for its bytes at 100 GB/s), and a third waits only for that share, not for a whole 50 GB/s transfer
+    t = compose_nodes(_pair_node(), 2, "rail", 1.0)
+    clock = LinkClock(t)
+    first = clock.reserve(t.link_index[(0, 1)], 0.0, 1e6)
+    second = clock.reserve(t.link_index[(2, 3)], 0.0, 1e6)
+    assert first.start_us == 0.0 and second.start_us == pytest.approx(10.0)
+    assert second.busy_until_us - second.start_us == pytest.approx(20.0)    # 1 MB at the NIC's 50 GB/s
+
+
 def test_one_nic_machines_keep_the_single_switch():
     t = load_topology("ndv2", 4, "rail")
     assert t.name == "ndv2x4" and "one NIC per node" in t.description

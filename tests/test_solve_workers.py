@@ -67,7 +67,7 @@ def ring4_request():
 
 def run_solve(monkeypatch, request, found, baselines, executor=None, slots=0):
     """solve() on these candidates; returns the solution and the lines that record each write, in order."""
-    monkeypatch.setattr(solve_module, "verified_candidates", lambda request, progress: list(found))
+    monkeypatch.setattr(solve_module, "verified_candidates", lambda request, progress, **_: list(found))
     monkeypatch.setattr(solve_module, "_runnable_baselines", lambda request: list(baselines))
     monkeypatch.setattr(solve_module, "schedule_floor_us", lambda schedule, topology, size: 0.0)  # all may win
     monkeypatch.setattr(solve_module, "emit_verified_xml", fake_emit)

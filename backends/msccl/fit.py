@@ -50,12 +50,14 @@ class Lowering:
     channels: int = 1
     max_cnt: int = 1
     strict_merge: bool = False
+    per_message: bool = False
     balanced: bool = False
 
     @property
     def label(self) -> str:
         extra = [f"{self.channels} channels"] if self.channels > 1 else []
         extra += [f"cnt <= {self.max_cnt}"] if self.max_cnt > 1 else []
+        extra += ["whole messages"] if self.per_message else []
         return ("fused" if self.fuse else "plain") + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -104,7 +106,8 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
     between lowerings of the one schedule (:class:`~backends.msccl.lowering.PlannedOps`)."""
     program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
                              channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
-                             max_bytes=max_bytes, planned=planned, balance=lowering.balanced)
+                             max_bytes=max_bytes, planned=planned, per_message=lowering.per_message,
+                             balance=lowering.balanced)
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
 
 
@@ -125,9 +128,10 @@ def measure(program: MscclProgram, lowering: Lowering, target: str, sms: int | N
 
 
 def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor", fuse: bool = True,
-                 strict_merge: bool = False, **program_options) -> Fit:
-    """The lowering of ``schedule`` with the smallest ``max_cnt``, then the fewest channels, that fits ``target``
-    and the topology's SMs; when none does, the closest miss (its ``broken`` says why).
+                 strict_merge: bool = False, most_cnt: int = MAX_CNT, **program_options) -> Fit:
+    """The lowering of ``schedule`` with the smallest ``max_cnt`` (at most ``most_cnt``; 1: no merging), then the
+    fewest channels, that fits ``target`` and the topology's SMs; when none does, the closest miss (its ``broken``
+    says why).
 
     The search starts at the channels the longest connection needs unmerged; each trial lowers the schedule once
     (linear in its transfers); at most :data:`MAX_TRIALS` are tried.
@@ -155,8 +159,8 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     sms = topology.sms_per_gpu
     program_options.setdefault("planned", PlannedOps(schedule))    # every trial lowers the same ops
     # a connection's messages need at least this many channels of ``limit`` steps (unmerged): start there
-    longest = max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
-    channels, max_cnt = max(1, min(MAX_CHANNELS - 1, ceil(longest / limit))), 1
+    longest = _longest_connection(schedule)
+    channels, max_cnt = max(1, min(_mode_channels(fuse), ceil(longest / limit))), 1
     best: Fit | None = None
     planned = program_options["planned"]
     lowered: dict[int, list] = {}    # id(fit) -> the memo keys its trial added (forgotten when it is no longer best)
@@ -183,10 +187,10 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         crowding = _most_on_a_channel(fit.program) / MAX_TBS_PER_CHANNEL_DIRECTION if "tb-connection" in kinds else 0
         # too many tbs or channels: more channels cannot help; too many peers on one channel: they can
         if kinds - {"steps-per-tb"} - ({"tb-connection"} if crowding > 1 else set()):
-            if channels == 1:
+            if channels == 1 or max_cnt >= most_cnt:
                 break
             channels = max(1, channels - max(1, channels // 4))
-            max_cnt = min(MAX_CNT, max_cnt + max(1, max_cnt // 2))
+            max_cnt = min(most_cnt, max_cnt + max(1, max_cnt // 2))
             continue
         over = max(fit.steps_per_tb / limit, crowding)
         most = _most_channels(fit, channels, sms, fuse)
@@ -195,14 +199,44 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
             channels = wanted
         elif channels < most:
             channels = most          # every channel the SMs allow before any merging (merging costs pipelining)
-        elif max_cnt < MAX_CNT:
+        elif max_cnt < most_cnt:
             previous = channels
             channels = most
-            max_cnt = min(MAX_CNT, max(max_cnt + 1, ceil(max_cnt * over * previous / most)))
+            max_cnt = min(most_cnt, max(max_cnt + 1, ceil(max_cnt * over * previous / most)))
         else:
             break
     assert best is not None
     return best
+
+
+def has_multi_chunk_messages(schedule: Schedule) -> bool:
+    """Whether some step moves several chunks over one connection (a message that merging can send whole)."""
+    seen = set()
+    for t in schedule.transfers:
+        key = (t.src, t.dst, t.step)
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
+def whole_message_fit(schedule: Schedule, topology: Topology, target: str, fuse: bool, **program_options
+                      ) -> Fit | None:
+    """The schedule on one channel with each step's chunks between two peers sent as one message (dependencies per
+    message, merged up to the runtime's largest ``cnt``), when it fits; None when it does not, when no step moves
+    several chunks over a connection, or for schedules of more than :data:`WIDEN_MAX_STEPS` transfers (another
+    whole lowering and simulation, where clusters' writes already take minutes).
+
+    At small sizes a message costs its alpha: a whole-buffer message sent as one step per chunk pays it once per
+    two chunks (the runtime keeps two messages in flight per connection), while the fit search's smallest
+    ``max_cnt`` keeps the pipelining that large sizes want.
+    """
+    if len(schedule.transfers) > WIDEN_MAX_STEPS or not has_multi_chunk_messages(schedule):
+        return None
+    lowering = Lowering(fuse, 1, MAX_CNT, per_message=True)
+    fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
+                  topology.sms_per_gpu)
+    return fit if fit.fits else None
 
 
 def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options) -> list[Fit]:
@@ -215,14 +249,7 @@ def wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **
 def iter_wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options
                     ) -> Iterator[Fit]:
     """The wider spreads of :func:`wider_fits` (without ``fit`` itself), lowered only when asked for."""
-    total = sum(len(tb.steps) for g in fit.program.gpus for tb in g.tbs)
-    if total > WIDEN_MAX_STEPS:
-        return
-    most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)
-    for factor in (2, 4, 8):
-        channels = fit.lowering.channels * factor
-        if channels > most:
-            return
+    for channels in wider_channels(topology, fit):
         lowering = replace(fit.lowering, channels=channels)
         wider = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
                         topology.sms_per_gpu)
@@ -230,9 +257,49 @@ def iter_wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fi
             yield wider
 
 
+def in_flight_channels(schedule: Schedule, topology: Topology, fit: Fit, fifo_depth: int) -> int | None:
+    """Channels on which every message of the busiest connection can be in flight at once (the runtime holds
+    ``fifo_depth`` per connection and channel, at most :data:`MAX_CHANNELS`), when :func:`wider_channels` does not
+    offer as many already; None otherwise. (Only connections with many messages take more channels, so the SMs'
+    linear estimate of :func:`wider_channels` is not applied: measuring the lowering says whether it fits.)
+
+    Where alphas dominate, a connection of more messages than its channels hold in flight pays its alpha once per
+    ``fifo_depth`` messages: TE-CCL's two NDv2 nodes relay an Alltoall's 64 blocks of a node over one link (1.3 us),
+    7.4 us on 8 channels and 4.8 us on 32."""
+    wanted = min(MAX_CHANNELS, ceil(_longest_connection(schedule) / fifo_depth))
+    offered = wider_channels(topology, fit)
+    return None if wanted <= max((fit.lowering.channels, *offered)) else wanted
+
+
+def wider_channels(topology: Topology, fit: Fit) -> tuple[int, ...]:
+    """The channel counts of ``fit``'s wider spreads (:func:`wider_fits`), known before any is lowered."""
+    total = sum(len(tb.steps) for g in fit.program.gpus for tb in g.tbs)
+    if total > WIDEN_MAX_STEPS:
+        return ()
+    most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)
+    return tuple(c for c in (fit.lowering.channels * factor for factor in (2, 4, 8)) if c <= most)
+
+
+def unmerged_too_long(schedule: Schedule, target: str, fuse: bool) -> bool:
+    """Whether the connection with the most messages needs more channels of the target's steps per threadblock
+    than the lowering mode has (:func:`_mode_channels`): then only merged steps can fit, and
+    :func:`fit_lowering` without merging (``most_cnt=1``) would lower the schedule just to say so."""
+    return ceil(_longest_connection(schedule) / max_steps(target)) > _mode_channels(fuse)
+
+
+def _longest_connection(schedule: Schedule) -> int:
+    """The most messages on one connection (src, dst) of the schedule."""
+    return max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
+
+
+def _mode_channels(fuse: bool) -> int:
+    """The channels a lowering mode may use: fused chains leave channel 0 to plain steps."""
+    return MAX_CHANNELS - 1 if fuse else MAX_CHANNELS
+
+
 def _most_channels(fit: Fit, channels: int, sms: int | None, fuse: bool) -> int:
     """Channels the threadblock count allows, from the count at ``channels`` (threadblocks grow about linearly)."""
-    most = MAX_CHANNELS - 1 if fuse else MAX_CHANNELS   # fused chains leave channel 0 to plain steps
+    most = _mode_channels(fuse)
     per_channel = fit.tbs_per_gpu / channels
     if sms is not None:
         most = min(most, max(1, int(sms / per_channel)))

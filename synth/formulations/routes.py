@@ -239,7 +239,7 @@ def resource_keys(topology: Topology) -> tuple[list[tuple], dict]:
         bw[("link", i)] = link.capacity_GBps
         for key in link.ports:
             keys.append(("port",) + key)
-            bw[("port",) + key] = min(ports[key], link.capacity_GBps)
+            bw[("port",) + key] = ports[key]
         per_link.append(keys)
     return per_link, bw
 

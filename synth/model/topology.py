@@ -94,6 +94,13 @@ class Link:
         """The switch the link enters (its first port's), None for a direct link."""
         return self.ports[0].switch if self.ports else None
 
+    @property
+    def sender_port(self) -> PortUse | None:
+        """The sender's egress port (its first), None for a direct link: an MSCCL program issues a rank's sends
+        through one port in the schedule's order (``backends.msccl.lowering``), and the list scheduler books them
+        so (:mod:`synth.schedule.list_scheduler`); sends of other ranks on a shared port (a NIC) go as they come."""
+        return self.ports[0] if self.ports else None
+
 
 @dataclass(frozen=True)
 class SwitchPort:

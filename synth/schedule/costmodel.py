@@ -73,22 +73,28 @@ class LinkClock:
         self.busy_us[link_index] += busy
         for p, port_bytes_per_us in ports:
             held = nbytes / port_bytes_per_us
-            port_free[p] = start + (held if held > busy else busy)
+            # a port as fast as the link is held while the link is busy (alpha too, in TACCL's convention); a
+            # faster one (a spine uplink carrying several NICs) for its share of bandwidth: links share it
+            port_free[p] = start + (held if held > busy or held < beta_us else busy)
         return Reservation(start, start + busy, start + alpha_us + beta_us)
 
 
 def load_bound_us(links: Iterable[tuple[int, int]], topology: Topology, nbytes: float,
-                  most_merged: int = 1) -> float:
+                  most_merged: int = 1, latency: bool = True) -> float:
     """A lower bound on the makespan of any timing of these chunks by :class:`LinkClock` (latency overlapping):
     one chunk of ``nbytes`` per ``(src, dst)`` in ``links`` (one per transfer), moved in messages of at most
     ``most_merged`` chunks. A link serialises its messages' bandwidth use, so its last arrives at least its total
-    busy time plus alpha after 0; a switch port serialises the time it is held, so its last message starts once
-    every other has been through and arrives alpha plus its own link time later (where the port is slower than
-    the link, that last message holds it for up to ``most_merged`` chunks' port time).
+    busy time plus alpha after 0; a switch port serialises the time it is held (its bytes at its bandwidth), so
+    its last message starts once every other has been through and arrives alpha plus its own link time later
+    (where the port is slower than the link, that last message holds it for up to ``most_merged`` chunks' port
+    time; where it is faster, a spine uplink shared by several NICs, one chunk's link time is still to come).
+    ``latency=False`` leaves alpha out: the busy time of the busiest link or port alone.
 
     >>> from synth.model.topology import load_topology
     >>> load_bound_us([(0, 1), (0, 1), (1, 2)], load_topology("ring-4"), 25_000)   # 2 x 1 us + 0.7 us
     2.7
+    >>> load_bound_us([(0, 1), (0, 1), (1, 2)], load_topology("ring-4"), 25_000, latency=False)
+    2.0
     """
     per_link = Counter(topology.link_index[pair] for pair in links)
     port_bw = topology.port_capacity()
@@ -98,10 +104,12 @@ def load_bound_us(links: Iterable[tuple[int, int]], topology: Topology, nbytes: 
     for index, count in per_link.items():
         link = topology.links[index]
         beta_us = nbytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
-        bound = max(bound, count * beta_us + link.alpha_us)
+        alpha_us = link.alpha_us if latency else 0.0
+        bound = max(bound, count * beta_us + alpha_us)
         for port in link.ports:
-            held_us = max(beta_us, nbytes / (port_bw[port] * BYTES_PER_US_PER_GBPS))
+            held_us = nbytes / (port_bw[port] * BYTES_PER_US_PER_GBPS)
             port_total[port] += count * held_us
-            last = link.alpha_us - min(count, most_merged) * (held_us - beta_us)
+            merged = min(count, most_merged) if held_us > beta_us else 1
+            last = alpha_us - merged * (held_us - beta_us) if latency else 0.0
             port_last[port] = min(port_last.get(port, last), last)
     return max([bound] + [total + port_last[port] for port, total in port_total.items()])

@@ -152,19 +152,37 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     res_of_link = []
     for li in range(nlinks):
         busy = nbytes / (cap[li] * BYTES_PER_US_PER_GBPS)
-        res_of_link.append([(("l", li), busy)] + [(p, max(busy, nbytes / (port_bw[p] * BYTES_PER_US_PER_GBPS)))
+        res_of_link.append([(("l", li), busy)] + [(p, nbytes / (port_bw[p] * BYTES_PER_US_PER_GBPS))
                                                   for p in link_ports[li]])
     remaining: dict = {}
     for li in link_of:
         for k, b in res_of_link[li]:
             remaining[k] = remaining.get(k, 0.0) + b
-    if rule not in ("work", "tail", "rank", "deadline"):
-        raise ValueError(f"unknown rule {rule!r}; use work, tail, rank or deadline")
+    if rule not in ("work", "tail", "rank", "deadline", "sequence"):
+        raise ValueError(f"unknown rule {rule!r}; use work, tail, rank, deadline or sequence")
     use_work = rule == "work"
+    # the sequence each link's sends are issued in: a rank's sends through one switch port, else the link's own
+    sequencer: dict = {}
+    seq_of: dict[int, int] = {}
+    seq_links: list[list[int]] = []
+    for li in sorted(set(link_of)):
+        l = topology.links[li]
+        q = sequencer.setdefault((l.src, l.sender_port) if l.sender_port is not None else ("l", li), len(sequencer))
+        if q == len(seq_links):
+            seq_links.append([])
+        seq_of[li] = q
+        seq_links[q].append(li)
+    seq_free = [0.0] * len(sequencer)
+    in_sequence = rule == "sequence"
+    if in_sequence:       # each sequence's transfers in rank order, the next one waits for its data
+        order_of: list[list[int]] = [[] for _ in sequencer]
+        for i in sorted(range(n), key=lambda i: (tie[i], i)):
+            order_of[seq_of[link_of[i]]].append(i)
+        next_of = [0] * len(sequencer)
     future: list[list] = [[] for _ in range(nlinks)]    # (ready, prio..., i)
-    arrived: list[list] = [[] for _ in range(nlinks)]   # (prio..., i)
-    version = [0] * nlinks
+    arrived: list[list] = [[] for _ in range(nlinks)]   # (prio..., i), ready by arrived_at
     arrived_at = [0.0] * nlinks
+    version = [0] * len(sequencer)
     ready = np.zeros(n)
     start = np.zeros(n)
     end = np.zeros(n)
@@ -180,75 +198,109 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
             return (not own[i], tie[i] - tail[i], i)
         return (not own[i], tie[i], -tail[i], i) if by_rank else (not own[i], -tail[i], tie[i], i)
 
-    def link_key(li: int):
-        """(est, own, -urgency, -tail, tie, i) of the best transfer on link ``li``, or None.
-
-        ``arrived`` holds transfers ready by ``arrived_at[li]``; when that is later than the link's free time
-        they are put back, so a transfer that becomes ready earlier is never overtaken."""
-        free = max(clock.link_free[li], fifo.room_us(li))
-        for p in link_ports[li]:
-            free = max(free, clock.port_free.get(p, 0.0))
-        fut, arr = future[li], arrived[li]
-        if arr and arrived_at[li] > free + _EPS:
+    def put_back(li: int, at: float) -> None:
+        """Transfers sorted by priority as ready by a time later than ``at`` wait by ready time again, so one
+        that is ready earlier is never overtaken."""
+        arr = arrived[li]
+        if arr and arrived_at[li] > at + _EPS:
             for item in arr:
-                heapq.heappush(fut, (ready[item[-1]],) + item)
+                heapq.heappush(future[li], (ready[item[-1]],) + item)
             arr.clear()
-        while fut and fut[0][0] <= free + _EPS:
+
+    def available_us(li: int, free: float) -> float | None:
+        """When link ``li`` could issue its next message once its sequence is free at ``free`` (None: nothing
+        waits on it)."""
+        at = max(free, fifo.room_us(li))
+        put_back(li, at)
+        if arrived[li]:
+            return at
+        return max(at, future[li][0][0]) if future[li] else None
+
+    def best_at(li: int, at: float):
+        """The best transfer on ``li`` ready by ``at``: its waiting ones are sorted by priority from then on."""
+        fut, arr = future[li], arrived[li]
+        put_back(li, at)
+        while fut and fut[0][0] <= at + _EPS:
             heapq.heappush(arr, heapq.heappop(fut)[1:])
-        if arr:
-            t = free
-        elif fut:
-            t = fut[0][0]
-            while fut and fut[0][0] <= t + _EPS:
-                heapq.heappush(arr, heapq.heappop(fut)[1:])
-            arrived_at[li] = t
-        else:
+        arrived_at[li] = at
+        return arr[0]
+
+    def decide(q: int):
+        """(issue time, key, link, transfer) of sequence ``q``'s next send, or None: the sequence issues as soon
+        as one of its links has a transfer ready and room in its FIFO; among those, the one that can start first
+        (its link and ports free), then by the rule. With ``rule="sequence"`` the next is the next by rank, once
+        its data is there."""
+        free = seq_free[q]
+        if in_sequence:
+            if next_of[q] == len(order_of[q]):
+                return None
+            i = order_of[q][next_of[q]]
+            if unmet[i]:
+                return None
+            li = link_of[i]
+            return max(free, ready[i], fifo.room_us(li)), (tie[i], i), li, i
+        times = [(at, li) for li in seq_links[q] if (at := available_us(li, free)) is not None]
+        if not times:
             return None
-        top = arr[0]
-        urgency = max(remaining[k] for k, _ in res_of_link[li]) if use_work else 0.0
-        return (t, top[0], -urgency) + tuple(top[1:])
+        at = min(t for t, _ in times)
+        best = None
+        for t, li in times:
+            if t > at + _EPS:
+                continue
+            top = best_at(li, at)
+            est = max(at, clock.link_free[li], *(clock.port_free.get(p, 0.0) for p in link_ports[li]))
+            urgency = max(remaining[k] for k, _ in res_of_link[li]) if use_work else 0.0
+            key = (est, top[0], -urgency) + tuple(top[1:])
+            if best is None or key < best[0]:
+                best = (key, li, top[-1])
+        return (at,) + best
 
     heap = []
 
-    def push(li: int):
-        key = link_key(li)
-        if key is not None:
-            version[li] += 1
-            heapq.heappush(heap, key + (li, version[li]))
+    def push(q: int):
+        decision = decide(q)
+        version[q] += 1
+        if decision is not None:
+            heapq.heappush(heap, (decision[0],) + decision[1] + (q, version[q]))
 
     for i in range(n):
-        if not unmet[i]:
+        if not unmet[i] and not in_sequence:
             heapq.heappush(future[link_of[i]], (0.0,) + prio(i))
-    for li in range(nlinks):
-        push(li)
+    for q in range(len(sequencer)):
+        if seq_links[q]:
+            push(q)
     booked_order = []
     while heap:
         entry = heapq.heappop(heap)
-        li, ver = entry[-2], entry[-1]
-        if ver != version[li]:
+        q, ver = entry[-2], entry[-1]
+        if ver != version[q]:
             continue
-        fresh = link_key(li)
-        if fresh is None:
-            continue
-        if fresh[:3] > entry[:3]:
-            version[li] += 1
-            heapq.heappush(heap, fresh + (li, version[li]))
-            continue
-        i = heapq.heappop(arrived[li])[-1]
-        res = clock.reserve(li, max(ready[i], fifo.room_us(li)), nbytes)
+        # the ports may have been booked since: choose again at the same issue time (it only moves with q's links)
+        at, _, li, i = decide(q)
+        if in_sequence:
+            next_of[q] += 1
+        else:
+            heapq.heappop(arrived[li])
+        res = clock.reserve(li, at, nbytes)
+        seq_free[q] = res.busy_until_us
         start[i], end[i] = res.start_us, res.arrival_us
         usable = fifo.take(li, (dst_of[li], int(table.chunk[i])) if op == REDUCE else None, res.arrival_us)
         booked_order.append(i)
         for k, b in res_of_link[li]:
             remaining[k] -= b
+        woken = set()
         for k in table.children[i]:
             ready[k] = max(ready[k], usable)
             unmet[k] -= 1
             if not unmet[k]:
-                heapq.heappush(future[link_of[k]], (ready[k],) + prio(k))
-                if link_of[k] != li:
-                    push(link_of[k])
-        push(li)
+                if not in_sequence:
+                    heapq.heappush(future[link_of[k]], (ready[k],) + prio(k))
+                woken.add(seq_of[link_of[k]])
+        woken.add(q)
+        for w in woken:
+            push(w)
+    if len(booked_order) < n:
+        raise ValueError(f"rule 'sequence': the ranks make {n - len(booked_order)} transfers wait for each other")
     steps = number_steps(topology, table.link, table.preds, booked_order,
                          table.chunk if op == REDUCE else None)
     transfers = tuple(Transfer(int(table.chunk[i]), topology.links[table.link[i]].src,

@@ -33,7 +33,7 @@ from synth.model.topology import Topology, check_connected
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import Schedule
 from synth.schedule.list_scheduler import list_schedule
-from synth.schedule.replay import verify
+from synth.schedule.replay import ReplayReport, verify
 from synth.solver.highs import FEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
 
 MAX_PATHS = 8                 # per pair: the fewest-hop paths and one-hop detours, fastest first
@@ -65,7 +65,7 @@ class AlltoallResult:
     """A verified Alltoall schedule and its integer path flows.
 
     ``fractional_us`` / ``integer_us``: the busiest resource's time at the size for the LP and the MILP;
-    ``replay_us`` the schedule's replayed time (all microseconds)."""
+    ``replay`` the schedule's verification by replay at the size (``replay_us``: its time; all microseconds)."""
 
     schedule: Schedule
     status: str
@@ -73,8 +73,12 @@ class AlltoallResult:
     chunks_per_pair: int
     fractional_us: float
     integer_us: float
-    replay_us: float
+    replay: ReplayReport
     solve_seconds: float
+
+    @property
+    def replay_us(self) -> float:
+        return self.replay.time_us
 
 
 def candidate_paths(topology: Topology, src: int, dst: int, limit: int = MAX_PATHS) -> tuple[tuple[int, ...], ...]:
@@ -266,13 +270,13 @@ def synthesize_alltoall(topology: Topology, size_bytes: float, chunks: int,
     status = OPTIMAL if integer.status == OPTIMAL and (integer.gap or 0.0) <= MIP_GAP else FEASIBLE
     gap = None if math.isinf(integer.busiest) else integer.busiest / fractional.busiest - 1
     return AlltoallResult(schedule, status, gap, chunks, fractional.busiest * unit_us, integer.busiest * unit_us,
-                          report.time_us, time.perf_counter() - t0)
+                          report, time.perf_counter() - t0)
 
 
 def alltoall_candidates(request, progress):
     """The path-flow schedules for an open Alltoall request, as candidates of
     :func:`synth.synthesis.select.verified_candidates` (one per chunk count of :func:`chunk_options`)."""
-    from synth.synthesis.select import Candidate
+    from synth.synthesis.select import PATHS_LABEL, Candidate
     from synth.synthesis.steps import SynthesisResult
 
     counts = [request.chunks] if request.chunks else chunk_options(request.topology, request.size_bytes,
@@ -281,9 +285,9 @@ def alltoall_candidates(request, progress):
     for chunks in counts:
         result = synthesize_alltoall(request.topology, request.size_bytes, chunks, request.options)
         schedule = result.schedule
-        report = verify(schedule, request.topology, request.size_bytes)
+        report = result.replay    # verified by replay at the request's size
         progress(f"  alltoall paths C={chunks}: {report.time_us:.2f} us")
-        found.append(Candidate(f"alltoall-paths/c{chunks}",
+        found.append(Candidate(f"{PATHS_LABEL}c{chunks}",
                                SynthesisResult(schedule, result.status, result.solve_seconds, result.gap,
                                                len(free_symmetry_group(request.topology)), schedule.steps, None,
                                                chunks), report))

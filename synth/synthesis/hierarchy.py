@@ -35,10 +35,13 @@ verified writer and the simulator decides."""
 
 from __future__ import annotations
 
+import math
 import time
 from concurrent.futures import Executor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
+
+import numpy as np
 
 from backends.msccl.limits import MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
 from synth.errors import InputError
@@ -46,6 +49,8 @@ from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import Schedule, Transfer, collective_size
+from synth.schedule.list_scheduler import list_schedule
+from synth.schedule.transforms import concatenate_schedules
 from synth.schedule.replay import ReplayReport, verify
 from synth.solver.deadline import UNBOUNDED, Deadline
 from synth.synthesis.baselines.plans import Edge, Routes, check_links, order_plans, plan_collective
@@ -55,9 +60,10 @@ COLLECTIVES = ("allgather", "reducescatter", "allreduce", "alltoall")
 # Channels a connection may be spread over without running out of the GPU's SMs: the busiest connection's
 # messages must fit this many threadblocks of the target's steps (backends.msccl.limits.max_steps).
 SPREAD_CHANNELS = 4
-# Transfers a composed program may hold beyond one piece per rank: writing and checking it costs one to two
-# milliseconds per transfer today, so more pieces than this are not worth their last percent.
-MAX_TRANSFERS = 1 << 15
+# Transfers a composed program may hold beyond one piece per rank: writing and checking it costs about half a
+# millisecond per transfer on one core, so 2 pieces per rank still fit 32 nodes of 8 GPUs (130,560 transfers for
+# Allgather, 3% faster than one piece) in the command's default five minutes, and more are not worth their time.
+MAX_TRANSFERS = 1 << 17
 # The last piece's spread through its node (the pipeline's tail) should cost at most this share of the
 # collective's pipelined time; more pieces only add messages.
 PIPELINE_SHARE = 0.02
@@ -271,6 +277,8 @@ def compose(topology: Topology, collective: str, plan: HierarchyPlan, size_bytes
     name = normalize_name(collective)
     check_applicable(topology, name)
     routes = HierarchyRoutes(topology, plan, nodes or node_trees(topology))
+    if routes.nodes.kind == "star" and name in LOCKSTEP:
+        return lockstep(topology, name, routes, size_bytes)
     coll = make_collective(name, topology.num_ranks, plan.pieces, root)
     transfers = routes.explicit(coll)
     if transfers is None:
@@ -280,6 +288,63 @@ def compose(topology: Topology, collective: str, plan: HierarchyPlan, size_bytes
     steps = 1 + max((t.step for t in transfers), default=-1)
     return Schedule(coll, topology.name, tuple(transfers), steps, method="hierarchy",
                     notes={"hierarchy": routes.describe(), "plan": plan.label(name)})
+
+
+LOCKSTEP = ("allgather", "reducescatter", "allreduce")
+# Rounds a GPU's relay of a piece from another node follows its own piece: the piece crosses the NIC meanwhile
+# (two GPUs share a NIC on a DGX-2), so the relay never waits for it and the node's GPUs stay in step.
+RELAY_LAG = 2
+
+
+def lockstep_rank(routes: HierarchyRoutes, chunk: int, src: int, dst: int) -> int:
+    """Position of the Allgather transfer ``src -> dst`` of ``chunk`` in its sender's sequence of sends through
+    one port (its NVSwitch port, or its NIC), the same clock for every GPU.
+
+    Round ``r`` of a GPU's switch port sends its own piece ``r`` and then, for each other node, the piece
+    ``r - RELAY_LAG`` its rail brought from there; a star goes to ``i + 1, i + 2, ...`` (local ranks modulo
+    ``G``), so in each turn of a round the node's GPUs send to distinct GPUs and no switch port waits for
+    another. Its NIC sends piece by piece: the rail copies, then the crossing copies (:meth:`HierarchyPlan.crosses`).
+    """
+    g, k, c = routes.g, routes.k, routes.plan.pieces
+    origin, piece = divmod(chunk, c)
+    (n, i), (a, u), (b, v) = divmod(origin, g), divmod(src, g), divmod(dst, g)
+    if a != b:                                       # a rail or crossing copy through the NIC
+        return (piece * 2 + (v != i)) * k + (b - a) % k
+    turn = (v - u) % g
+    if a == n:                                       # the origin's own star
+        return ((piece * k) * g + turn)
+    return ((piece + RELAY_LAG) * k + (n - a) % k) * g + turn
+
+
+def lockstep(topology: Topology, name: str, routes: HierarchyRoutes, size_bytes: float) -> Schedule:
+    """A composition on NVSwitch nodes booked in :func:`lockstep_rank` order, as the runtime runs it
+    (:func:`synth.schedule.list_scheduler.list_schedule` with ``rule="sequence"``, the runtime's FIFOs).
+
+    The planned order must be the one the runtime follows, or the plan is not what runs: the runtime serves a
+    shared port (a GPU's NVSwitch ingress, a NIC two GPUs share) in the order sends arrive there, and greedy
+    booking there left 2 x dgx2 Allgather at 12.5 ms simulated for 8.05 ms planned. In step, the node's
+    GPUs never meet at a port. ReduceScatter runs the Allgather's order backwards (partial sums collect along the
+    reversed trees); Allreduce is ReduceScatter, then Allgather.
+    """
+    if name == "allreduce":
+        parts = [lockstep(topology, part, routes, size_bytes) for part in ("reducescatter", "allgather")]
+        schedule = concatenate_schedules(parts, make_collective(name, topology.num_ranks, routes.plan.pieces),
+                                         topology.name)
+        return replace(schedule, method="hierarchy", notes=parts[-1].notes)
+    coll = make_collective(name, topology.num_ranks, routes.plan.pieces)
+    c = routes.plan.pieces
+    route_links, ranks = [], []
+    for chunk in range(len(coll.chunks)):
+        origin, index = divmod(chunk, c)
+        edges = routes.spread(origin, index)
+        if name == "reducescatter":
+            route_links.append(tuple(topology.link_index[(v, u)] for u, v in edges))
+            ranks += [-lockstep_rank(routes, chunk, u, v) for u, v in edges]
+        else:
+            route_links.append(tuple(topology.link_index[e] for e in edges))
+            ranks += [lockstep_rank(routes, chunk, u, v) for u, v in edges]
+    return list_schedule(topology, coll, route_links, size_bytes, "hierarchy", rank=np.array(ranks, dtype=float),
+                         rule="sequence", notes={"hierarchy": routes.describe(), "plan": routes.plan.label(name)})
 
 
 @dataclass(frozen=True)
@@ -318,13 +383,26 @@ class Volumes:
         return max(self.nic_bytes / self.nic_GBps, self.node_bytes / self.node_GBps) / BYTES_PER_US_PER_GBPS
 
 
+def rank_share_GBps(topology: Topology, link) -> float:
+    """What one rank gets of ``link`` when every rank on its ports sends at once (GB/s): a NIC two GPUs share
+    gives each half its bandwidth (a DGX-2's 12.5 GB/s NIC per GPU pair: 6.25)."""
+    switches = {sw.name: sw for sw in topology.switches}
+    port_bw = topology.port_capacity()
+    share = link.capacity_GBps
+    for p in link.ports:
+        ranks = switches[p.switch].ports[p.port].ranks
+        if ranks:
+            share = min(share, port_bw[p] / len(ranks))
+    return share
+
+
 def volumes(topology: Topology, collective: str, size_bytes: float) -> Volumes:
     """The :class:`Volumes` of a composition of ``collective`` at ``size_bytes`` (nccl-tests' size)."""
     name = normalize_name(collective)
     k, g = topology.num_nodes, topology.gpus_per_node
     # rail links of node 0 to node 1 and node 0's own links: every node and rail is a copy (links through a
     # fabric are made on demand, so the others are not looked at)
-    cross = [topology.link(i, g + i).capacity_GBps for i in range(g)]
+    cross = [rank_share_GBps(topology, topology.link(i, g + i)) for i in range(g)]
     inside = [topology.link(u, v).capacity_GBps for u in range(g) for v in range(g)
               if u != v and topology.link(u, v) is not None]
     shard = size_bytes / topology.num_ranks   # one rank's part (a pair's block for Alltoall), DESIGN section 4
@@ -342,16 +420,19 @@ def piece_options(topology: Topology, collective: str, size_bytes: float, target
     which the last piece's trip through its node (``G - 1`` sends from one GPU) costs at most
     :data:`PIPELINE_SHARE` of the pipelined time (:class:`Volumes`), capped so that the
     busiest connection's messages (with a dependency step each) fit :data:`SPREAD_CHANNELS` threadblocks of the
-    target's steps and the program holds at most :data:`MAX_TRANSFERS` transfers."""
+    target's steps (one for a composition in step, :func:`lockstep`, and half its pieces are tried too) and the
+    program holds at most :data:`MAX_TRANSFERS` transfers."""
     name = normalize_name(collective)
     g = topology.gpus_per_node
     load = volumes(topology, name, size_bytes)
+    # a composition in step keeps its order on one channel (spread over several, a connection's messages race)
+    channels = 1 if name in LOCKSTEP and node_trees(topology).kind == "star" else SPREAD_CHANNELS
 
     def fits(c: int) -> bool:
         chunks, _ = collective_size(name, topology.num_ranks, c)
         hops = 2 if name == "alltoall" else topology.num_ranks - 1
         transfers = chunks * hops * (2 if name == "allreduce" else 1)
-        return (2 * connection_messages(topology, name, c) <= max_steps(target) * SPREAD_CHANNELS
+        return (2 * connection_messages(topology, name, c) <= max_steps(target) * channels
                 and transfers <= MAX_TRANSFERS and c <= MAX_PIECES)
 
     def tail_us(c: int) -> float:
@@ -361,7 +442,8 @@ def piece_options(topology: Topology, collective: str, size_bytes: float, target
     c = 1
     while fits(2 * c) and tail_us(c) > PIPELINE_SHARE * load.time_us:
         c *= 2
-    return tuple(sorted({1, c}))
+    # in step, half as many pieces too: where some cross to other rails, fewer may split the NIC share better
+    return tuple(sorted({1, c} | ({max(1, c // 2)} if channels == 1 else set())))
 
 
 def cross_pieces(topology: Topology, collective: str, pieces: int, nodes: NodeTrees) -> int:
@@ -378,7 +460,16 @@ def cross_pieces(topology: Topology, collective: str, pieces: int, nodes: NodeTr
     load = volumes(topology, name, 1.0)
     per_nic, per_node = 1 / load.nic_GBps, 1 / load.node_GBps
     x = ((g - 1) * k * per_node - (k - 1) * per_nic) / ((k - 1) * (per_nic + per_node))
-    return max(0, min(pieces, round(x * pieces)))
+
+    def busiest(count: int) -> float:
+        """The slower of NIC and node port with ``count`` pieces crossing; the last piece still goes through its
+        node after the NIC (``G - 1`` sends of a piece), so the NIC should finish that much earlier."""
+        share = count / pieces
+        return max((k - 1) * (1 + share) * per_nic + (g - 1) / pieces * per_node,
+                   ((g - 1) * k - (k - 1) * share) * per_node)
+
+    near = {max(0, min(pieces, math.floor(x * pieces) + d)) for d in (0, 1)}
+    return min(sorted(near), key=busiest)
 
 
 def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, target: str = "executor",

@@ -102,6 +102,14 @@ class SynthesisRequest:
         """The physical limit at the request's size (computed once)."""
         return lower_bound(self.collective, self.topology, self.size_bytes, root=self.root)
 
+    @cached_property
+    def rounds_per_chunk(self) -> float:
+        """The least rounds per chunk (R/C) of any step schedule (:func:`synth.bounds.rounds.rounds_per_chunk_bound`,
+        an LP; computed once): the step search starts there."""
+        from synth.bounds.rounds import rounds_per_chunk_bound
+
+        return rounds_per_chunk_bound(self.topology, self.collective, self.root)
+
     @property
     def baselines(self) -> BaselineTable:
         """Every applicable baseline for the request's collective, built and replayed once."""

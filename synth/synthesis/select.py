@@ -8,6 +8,7 @@ the MSCCL runtimes will select at power-of-two sizes compete (a power-of-two ``n
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -46,9 +47,13 @@ class Candidate:
 
 def _search_rounds(request: SynthesisRequest, steps: int, chunks: int, max_rounds: int,
                    progress: Progress) -> SynthesisResult:
-    """Fewest rounds (from ``steps`` up) for which a schedule exists; each probe is one small MILP."""
+    """Fewest rounds for which a schedule exists, from ``steps`` or the rounds-per-chunk LP bound up (fewer are
+    infeasible: dgx2 Alltoall with 4 chunks needs 60, probed one by one from 1 for 25 s); each probe is one
+    small MILP."""
     last_error = None
-    for rounds in range(steps, max_rounds + 1):
+    # the LP optimum is a float: a bound of exactly 15 must not become 16
+    least = max(steps, math.ceil(chunks * request.rounds_per_chunk * (1 - ROUNDS_BOUND_SLACK)))
+    for rounds in range(least, max_rounds + 1):
         progress(f"  trying steps={steps} rounds={rounds} chunks={chunks}")
         try:
             return synthesize_steps(request.topology, request.collective, steps, rounds, chunks, request.root,
@@ -57,6 +62,9 @@ def _search_rounds(request: SynthesisRequest, steps: int, chunks: int, max_round
             last_error = exc
     raise InfeasibleError(f"no schedule with {steps} steps, up to {max_rounds} rounds and {chunks} chunk(s) per "
                           f"rank ({last_error}); give --steps/--rounds explicitly")
+
+
+ROUNDS_BOUND_SLACK = 1e-6
 
 
 def step_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
@@ -102,6 +110,9 @@ def alpha_beta_candidate(request: SynthesisRequest, progress: Progress = _quiet)
     return Candidate(result.schedule.method, result, report)
 
 
+TREES_LABEL = "trees/"     # the start of every tree-packing candidate's label
+PATHS_LABEL = "alltoall-paths/"     # and of every Alltoall path-flow candidate's
+
 # Chunks per rank tried for tree packing besides its own pick: fewer chunks give programs that fit the
 # executor's 64 steps per threadblock on direct-link machines (dgx1), at a small cost in pipelining.
 TREE_CHUNK_OPTIONS = (64, 16)
@@ -114,30 +125,45 @@ TREES_AT_LIMIT = 0.01
 
 
 def _at_the_limit(request: SynthesisRequest, found: list[Candidate]) -> bool:
-    """Whether a runnable tree-packing candidate replays within :data:`TREES_AT_LIMIT` of the physical limit."""
+    """Whether a runnable tree-packing or Alltoall path candidate replays within :data:`TREES_AT_LIMIT` of the
+    physical limit."""
     limit = request.bound.limit_us
-    return any(c.label.startswith("trees/") and c.result.schedule.collective.runs_at_power_of_two_sizes
+    return any(c.label.startswith((TREES_LABEL, PATHS_LABEL)) and c.result.schedule.collective.runs_at_power_of_two_sizes
                and c.report.time_us <= limit * (1 + TREES_AT_LIMIT) for c in found)
 
 
-def tree_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
-    """Tree-packing schedules (:mod:`synth.synthesis.trees`): its own chunk count, and fewer chunks that fit."""
-    from synth.synthesis.trees import pipeline_chunks, synthesize_trees
+def tree_candidates(request: SynthesisRequest, progress: Progress = _quiet, fallbacks: bool = True
+                    ) -> list[Candidate]:
+    """Tree-packing schedules (:mod:`synth.synthesis.trees`): its own chunk count, and (``fallbacks``) fewer
+    chunks that fit (:func:`tree_fallback_candidates`)."""
+    from synth.synthesis.trees import pipeline_chunks
 
-    own = pipeline_chunks(request.topology, request.collective, request.size_bytes, request.root)
-    counts = [request.chunks] if request.chunks else [own] + [c for c in TREE_CHUNK_OPTIONS if c < own]
-    found = []
-    for chunks in counts:
-        tree = synthesize_trees(request.topology, request.collective, request.size_bytes, request.root,
-                                request.options, request.target, chunks)
-        schedule = tree.schedule
-        result = SynthesisResult(schedule, tree.status, tree.solve_seconds, tree.gap,
-                                 len(free_symmetry_group(request.topology)), schedule.steps, None,
-                                 tree.chunks_per_rank)
-        report = verify(schedule, request.topology, request.size_bytes)
-        progress(f"  trees C={tree.chunks_per_rank}: {report.time_us:.2f} us ({tree.num_trees} trees)")
-        found.append(Candidate(f"trees/c{tree.chunks_per_rank}", result, report))
-    return found
+    if request.chunks:
+        return [_tree_candidate(request, request.chunks, progress)]
+    own = _tree_candidate(request, pipeline_chunks(request.topology, request.collective, request.size_bytes,
+                                                   request.root), progress)
+    return [own] + (tree_fallback_candidates(request, own, progress) if fallbacks else [])
+
+
+def tree_fallback_candidates(request: SynthesisRequest, own: Candidate, progress: Progress = _quiet
+                             ) -> list[Candidate]:
+    """Tree packings with fewer chunks per rank (:data:`TREE_CHUNK_OPTIONS`) than the ``own`` candidate's: the
+    fallbacks for a program too long for the runtime."""
+    own_chunks = own.result.chunks
+    return [_tree_candidate(request, c, progress) for c in TREE_CHUNK_OPTIONS if c < own_chunks]
+
+
+def _tree_candidate(request: SynthesisRequest, chunks: int, progress: Progress) -> Candidate:
+    from synth.synthesis.trees import synthesize_trees
+
+    tree = synthesize_trees(request.topology, request.collective, request.size_bytes, request.root,
+                            request.options, request.target, chunks)
+    schedule = tree.schedule
+    result = SynthesisResult(schedule, tree.status, tree.solve_seconds, tree.gap,
+                             len(free_symmetry_group(request.topology)), schedule.steps, None, tree.chunks_per_rank)
+    report = tree.replay     # verified by replay at the request's size
+    progress(f"  trees C={tree.chunks_per_rank}: {report.time_us:.2f} us ({tree.num_trees} trees)")
+    return Candidate(f"{TREES_LABEL}c{tree.chunks_per_rank}", result, report)
 
 
 def hierarchy_applies(request: SynthesisRequest) -> bool:
@@ -198,8 +224,11 @@ def timed_phase(name: str, run: Callable[[], list[Candidate]], request: Synthesi
         return []
 
 
-def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
+def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, tree_fallbacks: bool = True
+                        ) -> list[Candidate]:
     """Every verified candidate for the request, fastest first. Raises InfeasibleError when there is none.
+    ``tree_fallbacks=False`` leaves out tree packings with fewer chunks than their own count
+    (:func:`tree_fallback_candidates`; ``synth solve`` makes them only when it needs them).
 
     >>> from synth.model.topology import load_topology
     >>> found = verified_candidates(SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20))
@@ -219,9 +248,16 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
     # candidates still come after theirs, so that a tie goes to the smaller step or alpha-beta program)
     trees: list[Candidate] = []
     if method == Method.TREES or (flat and request.sketch is None and request.collective != "alltoall"):
-        trees = timed_phase("tree packing", lambda: tree_candidates(request, progress), request, progress)
-    if request.open_choice and _at_the_limit(request, trees):
-        progress(f"  trees are within {TREES_AT_LIMIT:.0%} of the limit: step and alpha-beta searches skipped")
+        trees = timed_phase("tree packing", lambda: tree_candidates(request, progress, tree_fallbacks), request,
+                            progress)
+    # Alltoall's path flows likewise (dgx2 1 GB: at the limit in 0.5 s, the alpha-beta MILP took 3.5 s to tie)
+    paths: list[Candidate] = []
+    if flat and request.sketch is None and request.collective == "alltoall":
+        from synth.synthesis.alltoall import alltoall_candidates
+        paths = timed_phase("alltoall paths", lambda: alltoall_candidates(request, progress), request, progress)
+    if request.open_choice and _at_the_limit(request, trees + paths):
+        what = "trees are" if trees else "alltoall paths are"
+        progress(f"  {what} within {TREES_AT_LIMIT:.0%} of the limit: step and alpha-beta searches skipped")
         use_steps = hierarchy = flat = False
     if use_steps:
         try:
@@ -234,10 +270,7 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet) 
         found += timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request, progress)
     if method in (Method.ROUTED, Method.TIMEXP) or flat:
         found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
-    found += trees
-    if flat and request.sketch is None and request.collective == "alltoall":
-        from synth.synthesis.alltoall import alltoall_candidates
-        found += timed_phase("alltoall paths", lambda: alltoall_candidates(request, progress), request, progress)
+    found += trees + paths
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:

@@ -46,7 +46,8 @@ from synth.solver.highs import write_model
 from synth.synthesis.comparison import LimitComparison, compare_with_limits
 from synth.synthesis.method import Method
 from synth.synthesis.request import SynthesisRequest
-from synth.synthesis.select import Candidate, verified_candidates
+from synth.synthesis.select import (TREES_AT_LIMIT, TREES_LABEL, Candidate, timed_phase, tree_fallback_candidates,
+                                    verified_candidates)
 from synth.synthesis.steps import SynthesisResult
 
 Progress = Callable[[str], None]
@@ -133,7 +134,8 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     True
     """
     check_target_knows(request.collective, request.target)     # before any search
-    candidates = [c for c in verified_candidates(request, progress) if c.result.status != Status.BASELINE]
+    candidates = [c for c in verified_candidates(request, progress, tree_fallbacks=False)
+                  if c.result.status != Status.BASELINE]
     baselines = _runnable_baselines(request)
     candidates += baselines                 # the runtime's own choices always compete (sketches too)
     candidates.sort(key=lambda c: c.report.time_us)
@@ -178,48 +180,57 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
         written.append(WrittenCandidate(candidate, emitted))
         return True
 
-    pending = list(candidates)
-    while pending:
-        if request.deadline.expired:
-            time_limited = True
-            # files written ahead by now still count: in the loop's order and under its rule
-            for candidate in [c for c in pending if writer.finished(c)]:
-                pending.remove(candidate)
-                if candidate.report.time_us < best_us() or is_baseline(candidate):
-                    take(candidate)
-            if best_us() < math.inf:
-                # a baseline is still written if none was (never slower than the runtime's own choice): the
-                # smallest program, the quickest to write and the likeliest to fit
-                safety = [] if any(is_baseline(w.candidate) for w in written) else sorted(
-                    (c for c in pending if is_baseline(c)), key=_program_size)[:1]
-                if len(pending) > len(safety):
-                    progress(f"  time limit reached: {len(pending) - len(safety)} slower candidate(s) not written"
-                             + (" (a baseline still is)" if safety else ""))
-                pending = safety
+    def write_in_order(pending: list[Candidate]) -> None:
+        """Write ``pending`` (fastest replay first) under the rules above."""
+        nonlocal time_limited
+        while pending:
+            if request.deadline.expired:
+                time_limited = True
+                # files written ahead by now still count: in the loop's order and under its rule
+                for candidate in [c for c in pending if writer.finished(c)]:
+                    pending.remove(candidate)
+                    if candidate.report.time_us < best_us() or is_baseline(candidate):
+                        take(candidate)
+                if best_us() < math.inf:
+                    # a baseline is still written if none was (never slower than the runtime's own choice): the
+                    # smallest program, the quickest to write and the likeliest to fit
+                    safety = [] if any(is_baseline(w.candidate) for w in written) else sorted(
+                        (c for c in pending if is_baseline(c)), key=_program_size)[:1]
+                    if len(pending) > len(safety):
+                        progress(f"  time limit reached: {len(pending) - len(safety)} slower candidate(s) not written"
+                                 + (" (a baseline still is)" if safety else ""))
+                    pending = safety
+                    writer.keep(pending)
+                    if not pending:
+                        break
+                # out of time with nothing written yet: the smallest program first (the quickest to write, and
+                # the likeliest to fit the runtime)
+                pending.sort(key=lambda c: (not may_win(c), _program_size(c)))
+            best = best_us()
+            candidate = pending.pop(0)
+            if candidate.report.time_us >= best and not is_baseline(candidate):
                 writer.keep(pending)
-                if not pending:
-                    break
-            # out of time with nothing written yet: the smallest program first (the quickest to write, and
-            # the likeliest to fit the runtime)
-            pending.sort(key=lambda c: (not may_win(c), _program_size(c)))
-        best = best_us()
-        candidate = pending.pop(0)
-        if candidate.report.time_us >= best and not is_baseline(candidate):
-            writer.keep(pending)
-            continue                        # its optimistic replay is already slower than a simulated file
-        if is_baseline(candidate) and _cannot_beat_written(candidate, written, is_baseline, eligible, request,
-                                                           progress):
-            writer.keep(pending)
-            continue
-        if request.deadline.expired:
-            take(candidate)
-            continue
-        # written ahead on the executor: first what the loop will surely write (the baselines), then what it may
-        # (a replay slower than a simulated file now stays slower: the best only improves)
-        writer.ahead([candidate] + [c for c in pending if is_baseline(c)]
-                     + [c for c in pending if c.report.time_us < best and not is_baseline(c)])
-        if not take(candidate, request.deadline):
-            pending.insert(0, candidate)    # the time ran out while it was written: the branch above decides
+                continue                        # its optimistic replay is already slower than a simulated file
+            if is_baseline(candidate) and _cannot_beat_written(candidate, written, is_baseline, eligible, request,
+                                                               progress):
+                writer.keep(pending)
+                continue
+            if request.deadline.expired:
+                take(candidate)
+                continue
+            # written ahead on the executor: first what the loop will surely write (the baselines), then what it may
+            # (a replay slower than a simulated file now stays slower: the best only improves)
+            writer.ahead([candidate] + [c for c in pending if is_baseline(c)]
+                         + [c for c in pending if c.report.time_us < best and not is_baseline(c)])
+            if not take(candidate, request.deadline):
+                pending.insert(0, candidate)    # the time ran out while it was written: the branch above decides
+
+    write_in_order(list(candidates))
+    fallbacks = _tree_fallbacks(request, candidates, best_us(), progress)
+    if fallbacks:
+        candidates += fallbacks
+        write_in_order(sorted(fallbacks, key=lambda c: c.report.time_us))
+
     if not any(eligible(w) for w in written):
         if broken:
             raise VerificationError("no candidate could be written: " + "; ".join(broken + refusals))
@@ -230,6 +241,20 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     comparison = compare_with_limits(request, chosen.simulated_us, None if base is None else
                                      (base.candidate.label.removeprefix("baseline/"), base.simulated_us))
     return Solution(request, tuple(candidates), chosen, base, comparison, tuple(refusals + broken), time_limited)
+
+
+def _tree_fallbacks(request: SynthesisRequest, candidates: list[Candidate], best_us: float, progress: Progress
+                    ) -> list[Candidate]:
+    """Tree packings with fewer chunks per rank (:func:`synth.synthesis.select.tree_fallback_candidates`), made
+    only when no file written is within :data:`~synth.synthesis.select.TREES_AT_LIMIT` of the limit (the own
+    count's file may not fit the runtime, or simulate slower than planned). Their coarser integer packing and
+    pipelining never beat the own count's plan there (dgx1 Allgather 1 GB: 256 chunks replay at 99.5% of the
+    limit, 64 at 98.9%, 16 at 98.2%), and they cost as much to make as the own count."""
+    trees = [c for c in candidates if c.label.startswith(TREES_LABEL)]
+    if request.chunks or len(trees) != 1 or best_us <= request.bound.limit_us * (1 + TREES_AT_LIMIT):
+        return []
+    return timed_phase("tree packing with fewer chunks",
+                       lambda: tree_fallback_candidates(request, trees[0], progress), request, progress)
 
 
 # What a local worker imports before it forks to write candidates (:func:`synth.synthesis.parallel.local_pool`).
@@ -257,7 +282,8 @@ class _Writer:
                               and request.deadline.clock is time.monotonic)
         return functools.partial(emit_verified_xml, candidate.result.schedule, request.topology, request.target,
                                  request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
-                                 max_bytes=xml.max_bytes, deadline=request.deadline if same_clock else None)
+                                 max_bytes=xml.max_bytes, deadline=request.deadline if same_clock else None,
+                                 plan_us=candidate.report.time_us)
 
     def ahead(self, upcoming: list[Candidate]) -> None:
         """Keep up to ``slots`` writes in flight, taken from ``upcoming`` in its order."""

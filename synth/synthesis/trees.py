@@ -36,7 +36,7 @@ from synth.model.topology import Topology, check_connected, reverse_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import Schedule
 from synth.schedule.list_scheduler import list_schedule, reverse_in_time
-from synth.schedule.replay import verify
+from synth.schedule.replay import ReplayReport, verify
 from synth.schedule.transforms import CollectiveProblem, reduction_for
 from synth.solver.highs import FEASIBLE, OPTIMAL, SolverOptions
 from synth.synthesis.baselines import find_ring
@@ -68,8 +68,8 @@ class TreesResult:
         Busiest-resource time of the fractional packing at this size (the bandwidth bound), microseconds.
     integer_us : float
         Busiest-resource time of the integer packing at this size, microseconds (>= ``fractional_us``).
-    replay_us : float
-        The schedule's replayed time at this size, microseconds.
+    replay : ReplayReport
+        The schedule's verification by replay at this size (``replay_us``: its time, microseconds).
     num_trees : int
         Distinct trees over all commodities (images under symmetry included).
     solve_seconds : float
@@ -82,9 +82,13 @@ class TreesResult:
     chunks_per_rank: int
     fractional_us: float
     integer_us: float
-    replay_us: float
+    replay: ReplayReport
     num_trees: int
     solve_seconds: float
+
+    @property
+    def replay_us(self) -> float:
+        return self.replay.time_us
 
 
 @dataclass(frozen=True)
@@ -195,7 +199,7 @@ def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesRe
     status = OPTIMAL if all(p.packing.status == OPTIMAL for p in phases) and all(
         g is not None and g <= MIP_GAP for g in gaps) else FEASIBLE
     gap = None if any(g is None for g in gaps) else max(gaps)
-    return TreesResult(schedule, status, gap, chunks, frac, integer, report.time_us,
+    return TreesResult(schedule, status, gap, chunks, frac, integer, report,
                        sum(p.num_trees for p in phases), 0.0)
 
 

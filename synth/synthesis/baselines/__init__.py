@@ -34,7 +34,6 @@ __all__ = ["BASELINES", "MAX_BASELINE_TRANSFERS", "MAX_TABLE_TRANSFERS", "Baseli
            "baseline_status", "best_baseline", "build_baseline", "evaluate_baselines", "find_ring", "pack_rings"]
 
 import math
-from collections import Counter
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable
@@ -43,7 +42,7 @@ from backends.msccl.fit import hopeless
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology
-from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.schedule.costmodel import load_bound_us
 from synth.schedule.ir import Schedule, Transfer
 from synth.schedule.replay import ReplayReport, verify
 from synth.solver.deadline import UNBOUNDED, Deadline
@@ -53,6 +52,7 @@ from synth.synthesis.baselines.hierarchical import hierarchical_routes
 from synth.synthesis.baselines.plans import (DEFAULT_ORDER_BYTES, Routes, check_links, count_transfers,
                                              not_applicable, order_plans, plan_collective)
 from synth.synthesis.baselines.rings import bidir_ring_routes, find_ring, multi_ring_routes, pack_rings, ring_routes
+from synth.synthesis.baselines.shortest import SHORTEST_PATH, shortest_path_routes
 from synth.synthesis.baselines.trees import double_tree_routes
 
 # ----------------------------------------------------------------------------------------------- registry
@@ -97,6 +97,9 @@ BASELINES = MappingProxyType({b.name: b for b in (
                                                           "gather", "scatter"), all_pairs_routes),
     Baseline(DIRECT_EXCHANGE, "whole buffers reduced between linked peers, then across nodes: one traversal",
              ("allreduce",), direct_exchange_routes),
+    Baseline(SHORTEST_PATH, "every chunk along alpha-shortest paths (out-trees from, in-trees to each rank)",
+             ("allgather", "reducescatter", "broadcast", "reduce", "alltoall", "gather", "scatter"),
+             shortest_path_routes),
 )})
 
 
@@ -259,7 +262,7 @@ def evaluate_baselines(collective_name: str, topology: Topology, size_bytes: flo
     ('bidir-ring', True)
     >>> table = evaluate_baselines("allgather", load_topology("ring-4"), 1 << 20, max_transfers=12)
     >>> [run.name for run in table.runs], [reason for reason in table.reasons if "budget" in reason][0]
-    (['ring'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12 per baseline, 6 with more chunks than its fewest')
+    (['ring', 'shortest-path'], 'ring/c2, c4: 24, 48 transfers, over the budget of 12 per baseline, 6 with more chunks than its fewest')
     """
     cname = normalize_name(collective_name)
     per_schedule = MAX_BASELINE_TRANSFERS if max_transfers is None else max_transfers
@@ -377,7 +380,7 @@ class _Footprint:
 def _footprint(cname: str, topology: Topology, routes: Routes, root: int | None, size_bytes: float) -> _Footprint:
     """The footprint of a routing, from its edges with one chunk per way. A program needs a threadblock per peer
     (:func:`backends.msccl.fit.hopeless`); a link or port serialises the bytes it carries (the replay's
-    :class:`~synth.schedule.costmodel.LinkClock`)."""
+    :func:`~synth.schedule.costmodel.load_bound_us` without latency)."""
     collective = make_collective(cname, topology.num_ranks, routes.ways, root)
     transfers = routes.explicit(collective)
     if transfers is None:
@@ -386,16 +389,9 @@ def _footprint(cname: str, topology: Topology, routes: Routes, root: int | None,
     unloadable = None
     if topology.sms_per_gpu is not None and topology.num_ranks - 1 > topology.sms_per_gpu:
         unloadable = hopeless(Schedule(collective, topology.name, tuple(transfers), 1), topology)
-    per_link = Counter((t.src, t.dst) for t in transfers)
-    chunk_bytes = collective.chunk_bytes(size_bytes) / BYTES_PER_US_PER_GBPS
-    port_bw = topology.port_capacity()
-    busy: dict = {}
-    for (src, dst), count in per_link.items():
-        link = topology.link(src, dst)
-        busy[(src, dst)] = count * chunk_bytes / link.capacity_GBps
-        for port in link.ports:
-            busy[port] = busy.get(port, 0.0) + count * chunk_bytes / min(port_bw[port], link.capacity_GBps)
-    return _Footprint(unloadable, max(busy.values(), default=0.0))
+    busiest_us = load_bound_us(((t.src, t.dst) for t in transfers), topology, collective.chunk_bytes(size_bytes),
+                               latency=False)
+    return _Footprint(unloadable, busiest_us)
 
 
 def best_baseline(collective_name: str, topology: Topology, size_bytes: float, root: int | None = None,

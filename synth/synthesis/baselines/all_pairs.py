@@ -74,12 +74,11 @@ MAX_EXCHANGE_TRANSFERS = 1 << 17
 # Clique partitions tried per factorization of a node (the built-in nodes need one or two).
 MAX_PARTITIONS_TRIED = 64
 # Largest group of one phase. A rank's buffer is read by every peer of its group before its first reduction may
-# write it, and the MSCCL lowering makes that reduction wait on each of those sends, chunk by chunk (a message
-# carries all ``num_ranks`` chunks of the Allreduce): group x ranks up to 128 fits the executor's 64 steps per
-# threadblock (8 x 16 on dgx-h100 x2 and on a DGX-2 node does; 8 x 32 on dgx2-2node-tecc does not). A larger
-# clique is exchanged in two phases (one more alpha).
-MAX_EXCHANGE_GROUP = 8
-MAX_GROUP_TIMES_RANKS = 128
+# write it; the MSCCL lowering that sends each message whole waits once per peer message (a ``nop`` each), so a
+# threadblock holds about a group's steps, and a rank takes a send and a receive threadblock per peer (at most 32 of
+# each per channel): one phase of 16 on a DGX-2 node (0.35 us) instead of two of 4 (dgx2 x2, dgx2-2node-tecc).
+# A larger clique is exchanged in two phases (one more alpha).
+MAX_EXCHANGE_GROUP = 16
 
 Group = tuple[int, ...]
 
@@ -195,7 +194,12 @@ def direct_exchange_routes(topology: Topology, collective: str, root) -> Routes:
     nodes = [tuple(range(k * per_node, (k + 1) * per_node)) for k in range(topology.num_nodes)]
     messages: list[Message] = []
     all_phases = []
-    max_group = min(MAX_EXCHANGE_GROUP, MAX_GROUP_TIMES_RANKS // n)
+    max_group = MAX_EXCHANGE_GROUP
+    whole = exchange_phases(topology, tuple(range(n)), max_group) if len(nodes) > 1 else None
+    if whole is not None and len(whole) == 1:
+        # every pair linked (each GPU its own NIC): one hop of the slowest alpha, the alpha-diameter, where
+        # summing each node first adds its alpha (dgx-h100 x2: 2.0 us, node first 2.6 us)
+        nodes = [tuple(range(n))]
     for node in nodes:
         phases = exchange_phases(topology, node, max_group)
         if phases is None:
