@@ -188,3 +188,14 @@ def test_a_composition_in_step_runs_as_planned(collective):
     program = lower_to_msccl(schedule, topology=H100X2, fuse=False)
     assert simulate_program(program, H100X2, GB).time_us == pytest.approx(planned, rel=1e-9)
     assert verify(schedule, H100X2, GB).time_us == pytest.approx(planned, rel=1e-3)
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
+def test_a_ring_of_rails_relays_pieces_in_the_order_the_ring_brings_them(collective):
+    # ordered by origin (or the nearest node last), each relay waited for the piece that comes last: 4 x dgx-h100
+    # Allgather replayed at 7.6 ms for 2.1 ms of NIC and node-port load (2.5 ms in the ring's order)
+    from synth.synthesis.hierarchy import HierarchyPlan, RailShape, compose, volumes
+
+    topo = load_topology("dgx-h100", 4, "rail")
+    schedule = compose(topo, collective, HierarchyPlan(RailShape.RING, 1), 1 << 30)
+    assert verify(schedule, topo, 1 << 30).time_us < 1.25 * volumes(topo, collective, 1 << 30).time_us
