@@ -81,3 +81,26 @@ def test_switch_topologies_simulate_like_the_replay_when_ports_follow_the_plan(n
     assert abs(simulate_program(ordered, topo, size).time_us - replay) <= 0.01 * replay
     unordered = simulate_program(lower_to_msccl(sched, fuse=False), topo, size).time_us
     assert unordered >= replay * 0.999
+
+
+def test_the_writer_leaves_the_garbage_collector_as_it_found_it():
+    import gc
+
+    from synth.model.collectives import make_collective
+    from synth.schedule.ir import Schedule, Transfer
+
+    ring4 = load_topology("ring-4")
+    chain = tuple(Transfer(0, r, r + 1, step=r) for r in range(3))
+    schedule = Schedule(make_collective("broadcast", 4, 1, 0), "ring-4", chain, 3)
+    assert gc.isenabled()
+    assert emit_verified_xml(schedule, ring4, "executor", 1 << 20).simulated_us > 0
+    assert gc.isenabled()
+    with pytest.raises(BackendError):
+        emit_verified_xml(schedule, None)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        emit_verified_xml(schedule, ring4, "executor", 1 << 20)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -191,6 +191,18 @@ def test_a_composition_in_step_runs_as_planned(collective):
 
 
 @pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
+def test_a_ring_of_rails_relays_pieces_in_the_order_the_ring_brings_them(collective):
+    # booked in step with relays ordered by origin (or the nearest node last), each relay waited for the piece that
+    # comes last: 4 x dgx-h100 Allgather replayed at 7.6 ms for 2.1 ms of NIC and node-port load (2.5 ms in the
+    # ring's order; more than two nodes are now booked greedily, which this guards too)
+    from synth.synthesis.hierarchy import HierarchyPlan, RailShape, compose, volumes
+
+    topo = load_topology("dgx-h100", 4, "rail")
+    schedule = compose(topo, collective, HierarchyPlan(RailShape.RING, 1), 1 << 30)
+    assert verify(schedule, topo, 1 << 30).time_us < 1.25 * volumes(topo, collective, 1 << 30).time_us
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter"])
 def test_four_nodes_pipelined_reach_the_limit(collective):
     """4 x dgx-h100 on one switch, 16 pieces per rank: within 2% of the limit (the NVSwitch ports bind at 2080 us;
     the booking in step, made for two nodes, replayed ReduceScatter by ring at 2.2x the time of the greedy one)."""

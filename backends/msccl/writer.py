@@ -20,6 +20,8 @@ Callers (``synth solve``, ``synth baseline -o``, the pareto bundle) write only w
 
 from __future__ import annotations
 
+import functools
+import gc
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from pathlib import Path
@@ -71,6 +73,25 @@ class Expiry(Protocol):
     def expired(self) -> bool: ...
 
 
+def _collector_paused(function):
+    """Run ``function`` with Python's cyclic garbage collector paused (as it was before, after it).
+
+    Writing a program makes millions of objects that hold no reference cycles (ops, steps, events), and each of the
+    collector's full passes walks all of them: a fifth of the writer's CPU time at 256 and 512 GPUs. Reference
+    counting still frees them; cycles made meanwhile wait for the next pass."""
+    @functools.wraps(function)
+    def paused(*args, **kwargs):
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+    return paused
+
+
+@_collector_paused
 def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "executor",
                       size_bytes: int | None = None, *, proto: str = "Simple", name: str | None = None,
                       min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES, deadline: Expiry | None = None,

@@ -311,17 +311,21 @@ def lockstep_rank(routes: HierarchyRoutes, chunk: int, src: int, dst: int) -> in
     Round ``r`` of a GPU's switch port sends its own piece ``r`` and then, for each other node, the piece
     ``r - RELAY_LAG`` its rail brought from there; a star goes to ``i + 1, i + 2, ...`` (local ranks modulo
     ``G``), so in each turn of a round the node's GPUs send to distinct GPUs and no switch port waits for
-    another. Its NIC sends piece by piece: the rail copies, then the crossing copies (:meth:`HierarchyPlan.crosses`).
+    another. Its NIC sends piece by piece: the rail copies, then the crossing copies (:meth:`HierarchyPlan.crosses`),
+    each its own piece first and then the pieces it relays, in the order the rail brings them (a ring's: the
+    nearest node's first; ordered the other way round, or by origin, 32 x dgx-h100 Allgather replayed at 9.9 ms
+    for 2.7 ms).
     """
     g, k, c = routes.g, routes.k, routes.plan.pieces
     origin, piece = divmod(chunk, c)
     (n, i), (a, u), (b, v) = divmod(origin, g), divmod(src, g), divmod(dst, g)
+    come = (a - n) % k          # rail hops the piece has come (a ring's relays arrive in this order)
     if a != b:                                       # a rail or crossing copy through the NIC
-        return (piece * 2 + (v != i)) * k + (b - a) % k
+        return ((piece * 2 + (v != i)) * k + come) * k + (b - a) % k
     turn = (v - u) % g
     if a == n:                                       # the origin's own star
         return ((piece * k) * g + turn)
-    return ((piece + RELAY_LAG) * k + (n - a) % k) * g + turn
+    return ((piece + RELAY_LAG) * k + come) * g + turn
 
 
 def lockstep(topology: Topology, name: str, routes: HierarchyRoutes, size_bytes: float) -> Schedule:

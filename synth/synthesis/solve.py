@@ -211,8 +211,8 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
             if candidate.report.time_us >= best and not is_baseline(candidate):
                 writer.keep(pending)
                 continue                        # its optimistic replay is already slower than a simulated file
-            if is_baseline(candidate) and _cannot_beat_written_baseline(candidate, written, is_baseline, request,
-                                                                        progress):
+            if is_baseline(candidate) and _cannot_beat_written(candidate, written, is_baseline, eligible, request,
+                                                               progress):
                 writer.keep(pending)
                 continue
             if request.deadline.expired:
@@ -329,19 +329,24 @@ class _Writer:
 TIME_LIMIT_STATUS = "time-limit"
 
 
-def _cannot_beat_written_baseline(candidate: Candidate, written: list[WrittenCandidate],
-                                  is_baseline: Callable[[Candidate], bool], request: SynthesisRequest,
-                                  progress: Progress) -> bool:
-    """Whether no file of this baseline can simulate faster than a baseline file already written: its link and
-    port loads alone take longer (:func:`backends.msccl.writer.schedule_floor_us`, a sound bound, where the
-    replay is not). Such a file changes neither the choice nor the best-baseline figure, and at 256 GPUs writing
-    one costs minutes (a halving-doubling Allreduce 8x slower than the hierarchical one)."""
-    done = [w for w in written if is_baseline(w.candidate)]
+def _cannot_beat_written(candidate: Candidate, written: list[WrittenCandidate],
+                         is_baseline: Callable[[Candidate], bool], eligible: Callable[[WrittenCandidate], bool],
+                         request: SynthesisRequest, progress: Progress) -> bool:
+    """Whether no file of this baseline can simulate faster than a baseline file already written or, before any
+    is, than the fastest file that may be chosen: its link and port loads alone take longer
+    (:func:`backends.msccl.writer.schedule_floor_us`, a sound bound, where the replay is not). Such a file changes
+    neither the choice nor the best-baseline figure (without a baseline file, the report compares with the
+    fastest runnable baseline's replay, which its file could only exceed), and at 256 GPUs writing one costs
+    minutes (a halving-doubling Allreduce 8x slower than the hierarchical one; at 512 GPUs the flat ring, 7.6x
+    slower than the hierarchy, took longer to write than the hierarchy itself)."""
+    baselines = [w for w in written if is_baseline(w.candidate)]
+    done = baselines or [w for w in written if eligible(w)]
     if not done:
         return False
     best = min(done, key=lambda w: w.simulated_us)
     floor = schedule_floor_us(candidate.result.schedule, request.topology, request.size_bytes)
-    if floor < best.simulated_us:
+    # with no baseline file yet, one that could tie is still written: the report then shows the tie
+    if floor < best.simulated_us or (not baselines and floor == best.simulated_us):
         return False
     progress(f"  {candidate.label} not written: its links alone need {floor:.2f} us, and "
              f"{best.candidate.label} simulates at {best.simulated_us:.2f} us")
