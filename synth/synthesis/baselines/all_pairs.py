@@ -38,10 +38,18 @@ from synth.synthesis.baselines.plans import Routes, not_applicable
 
 
 class AllPairsRoutes(Routes):
-    """Every chunk goes straight from its source to each peer (needs a link between every pair)."""
+    """Every chunk goes straight from its source to each peer (needs a link between every pair).
 
-    def __init__(self, n: int):
+    Point-to-point messages (Alltoall) take turns in which every rank receives from one peer of its node and one
+    of another node: a rank's sends leave through its node's switch port and through its NIC, each in turn, and in
+    plain rank rotation every GPU of a node would start its NIC's turns at the same GPU of the next node and queue
+    there (2 x dgx-h100 on rails: 49.0 ms simulated for 20.8 ms planned). Turn ``t`` of the other nodes goes from
+    ``(a, u)`` to node ``a + 1 + t // G``, GPU ``u + t % G``: a Latin rotation, one sender per receiver.
+    """
+
+    def __init__(self, n: int, gpus_per_node: int | None = None):
         self.n = n
+        self.g = gpus_per_node or n
 
     def spread(self, origin, index):
         return [(origin, (origin + i) % self.n) for i in range(1, self.n)]
@@ -53,7 +61,11 @@ class AllPairsRoutes(Routes):
         return [(src, dst)]
 
     def priority(self, src, dst, edges):
-        return (dst - src) % self.n
+        g = self.g
+        (a, u), (b, v) = divmod(src, g), divmod(dst, g)
+        if a == b:
+            return (v - u) % g
+        return ((b - a) % (self.n // g) - 1) * g + (v - u) % g + 1
 
 
 def all_pairs_routes(topology: Topology, collective: str, root) -> Routes:
@@ -62,7 +74,8 @@ def all_pairs_routes(topology: Topology, collective: str, root) -> Routes:
         for b in range(n):
             if a != b and topology.link(a, b) is None:
                 raise not_applicable("all-pairs", f"topology {topology.name} has no direct link {a}->{b}")
-    return AllPairsRoutes(n)
+    g = topology.gpus_per_node
+    return AllPairsRoutes(n, g if g and n % g == 0 else n)
 
 
 # ----------------------------------------------------------------------------------------------- direct exchange
