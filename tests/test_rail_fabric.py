@@ -70,26 +70,19 @@ def test_non_blocking_rails_match_the_single_switch_for_allgather():
     assert rail.bandwidth_us == pytest.approx(switch.bandwidth_us) == pytest.approx(2080.375, abs=1e-3)
 
 
-def test_transfers_between_rails_queue_on_the_uplink():
-    # R = 2: leaf 0's uplink carries 50 GB/s, so two transfers leaving rail 0 at once take turns on it
-    t = compose_nodes(_pair_node(), 2, "rail", 2.0)
+@pytest.mark.parametrize("oversubscription,second_start_us", [(2.0, 20.0), (1.0, 10.0)])
+def test_transfers_between_rails_share_the_uplink(oversubscription, second_start_us):
+    """Two transfers of 1 MB leave rail 0 at once. R = 2: leaf 0's uplink carries 50 GB/s, so they take turns on
+    it. R = 1: it carries 2 x 50 GB/s, so each holds it for its bytes at 100 GB/s and the second waits only for that
+    share, not for a whole 50 GB/s transfer."""
+    t = compose_nodes(_pair_node(), 2, "rail", oversubscription)
     clock = LinkClock(t)
     first = clock.reserve(t.link_index[(0, 1)], 0.0, 1e6)
     second = clock.reserve(t.link_index[(2, 3)], 0.0, 1e6)
-    assert first.start_us == 0.0 and second.start_us == pytest.approx(20.0)
+    assert first.start_us == 0.0 and second.start_us == pytest.approx(second_start_us)
+    assert second.busy_until_us - second.start_us == pytest.approx(20.0)    # 1 MB at the NIC's 50 GB/s
     back = clock.reserve(t.link_index[(1, 0)], 0.0, 1e6)            # full duplex: the way down is free
     assert back.start_us == 0.0
-
-
-def test_a_non_blocking_uplink_carries_its_nics_at_once():
-    # R = 1: leaf 0's uplink carries 2 x 50 GB/s, so two transfers leaving rail 0 at once share it (each holds it
-    # for its bytes at 100 GB/s), and a third waits only for that share, not for a whole 50 GB/s transfer
-    t = compose_nodes(_pair_node(), 2, "rail", 1.0)
-    clock = LinkClock(t)
-    first = clock.reserve(t.link_index[(0, 1)], 0.0, 1e6)
-    second = clock.reserve(t.link_index[(2, 3)], 0.0, 1e6)
-    assert first.start_us == 0.0 and second.start_us == pytest.approx(10.0)
-    assert second.busy_until_us - second.start_us == pytest.approx(20.0)    # 1 MB at the NIC's 50 GB/s
 
 
 def test_one_nic_machines_keep_the_single_switch():

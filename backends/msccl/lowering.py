@@ -22,6 +22,7 @@ Rendering is a pure function through a jinja2 template. Files are written only t
 from __future__ import annotations
 
 import copy
+import functools
 from collections import defaultdict
 from dataclasses import dataclass
 from math import ceil
@@ -459,8 +460,9 @@ def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1,
     """Channel of every transfer (by id; both ends of a connection agree), in the set of ``channels`` that
     ``buckets`` gives its connection (:func:`_peer_buckets`; none: set 0). When some connection has more messages
     than a threadblock holds (``steps_per_tb``), or when asked to ``balance``, and no groups of ``group`` chunks are
-    to merge, channels bound the steps: a message goes by its position among its connection's messages modulo the connection's share of the
-    channels (in proportion to its messages, so light connections take fewer threadblocks). Otherwise channels add
+    to merge, channels bound the steps: a message goes by its position among its connection's messages modulo the
+    connection's share of the channels (in proportion to its messages, so light connections take fewer
+    threadblocks). Otherwise channels add
     parallelism: :func:`spread_index` of its chunk (a chunk takes one channel everywhere; ndv2 x2 Allreduce 1 KB
     on 8 channels: 4.2 us, by position 5.5 us).
 
@@ -646,18 +648,8 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
         for i, op in enumerate(by_tb[k]):
             where[id(op)] = (k, i)
     # only an in-place program's i and o alias (an out-of-place one waiting for them only stalls)
-    if inplace:
-        memory: dict = {}
-
-        def key(slot):
-            where = memory.get(slot)
-            if where is None:
-                where = memory[slot] = _memory_key(slot, coll, plan.rank)
-            return where
-    else:
-        def key(slot):
-            return slot
-    _add_dependencies(plan.ops, key)
+    _add_dependencies(plan.ops, functools.cache(lambda slot: _memory_key(slot, coll, plan.rank)) if inplace
+                      else (lambda slot: slot))
     if topology is not None:
         _order_shared_ports(plan.ops, topology, per_message)
     if per_message:

@@ -104,8 +104,7 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     allow (:func:`synth.schedule.costmodel.load_bound_us`, whatever the channels and merging), so a variant that
     simulates at that bound is not beaten, and a plain one must beat an unmerged fused one by :data:`TIE`. Once
     ``deadline`` (a :class:`synth.solver.deadline.Deadline`) has expired no further variant is made once one fits;
-    the others
-    are made only when every one made fails its verdict.
+    the others are made only when every one made fails its verdict.
 
     ``plan_us``, the schedule's own replayed time at ``size_bytes`` (whole chunks, store-and-forward), bounds the
     variants with merged steps too: a relay forwards a merged message only once all of it has arrived, so merging

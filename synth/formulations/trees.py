@@ -400,8 +400,11 @@ class _Connectivity:
         self.root = root
         self.sinks = tuple(sinks)
         self.pairs = [(l.src, l.dst) for l in topology.links]
-        self.neighbours = [sorted({l.dst for l in topology.links if l.src == u}
-                                  | {l.src for l in topology.links if l.dst == u}) for u in range(self.n)]
+        adjacent: list[set[int]] = [set() for _ in range(self.n)]
+        for u, v in self.pairs:       # both ways: the residual graph of augmenting paths has the reverse arcs
+            adjacent[u].add(v)
+            adjacent[v].add(u)
+        self.neighbours = [sorted(a) for a in adjacent]
 
     def _graph(self, capacity: np.ndarray):
         keep = capacity > 0

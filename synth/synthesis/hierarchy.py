@@ -299,6 +299,8 @@ def runs_in_step(topology: Topology, collective: str, nodes: NodeTrees) -> bool:
     dgx-h100 on rails: ReduceScatter by ring replayed 2.2x slower than the greedy booking), so there the greedy
     booking stays and the simulator judges it."""
     return nodes.kind == "star" and normalize_name(collective) in LOCKSTEP and topology.num_nodes == 2
+
+
 # Rounds a GPU's relay of a piece from another node follows its own piece: the piece crosses the NIC meanwhile
 # (two GPUs share a NIC on a DGX-2), so the relay never waits for it and the node's GPUs stay in step.
 RELAY_LAG = 2
