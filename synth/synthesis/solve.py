@@ -283,7 +283,7 @@ class _Writer:
         return functools.partial(emit_verified_xml, candidate.result.schedule, request.topology, request.target,
                                  request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
                                  max_bytes=xml.max_bytes, deadline=request.deadline if same_clock else None,
-                                 plan_us=candidate.report.time_us)
+                                 plan_us=candidate.report.time_us, **({"progress": self.progress} if here else {}))
 
     def ahead(self, upcoming: list[Candidate]) -> None:
         """Keep up to ``slots`` writes in flight, taken from ``upcoming`` in its order."""
