@@ -35,7 +35,7 @@ from synth.schedule.costmodel import load_bound_us
 
 from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
                                Threadblock)
-from backends.msccl.limits import LIMIT_KINDS, MAX_CNT
+from backends.msccl.limits import LIMIT_KINDS, MAX_CNT, MAX_XML_CHILDREN
 from backends.msccl.fit import (Fit, Lowering, fit_lowering, has_multi_chunk_messages, hopeless, in_flight_channels,
                                iter_wider_fits, lower_fitted, measure, unmerged_too_long, whole_message_fit,
                                wider_channels)
@@ -349,6 +349,16 @@ def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, targe
 
 def _check_collective_known(schedule: Schedule, target: str) -> None:
     check_target_knows(schedule.collective.name, target)
+    check_target_holds(schedule.collective.num_ranks, target)
+
+
+def check_target_holds(num_ranks: int, target: str) -> None:
+    """Refuse, before any work, more GPUs than the runtimes' XML reader holds in one algorithm
+    (:data:`~backends.msccl.limits.MAX_XML_CHILDREN`)."""
+    if num_ranks > MAX_XML_CHILDREN:
+        raise BackendError(f"{num_ranks} GPUs: the {target} runtime's XML reader holds at most {MAX_XML_CHILDREN} "
+                           "<gpu> elements in an <algo> (MAX_SUBS; more overwrite its memory), so no MSCCL file "
+                           "for this machine can load")
 
 
 def check_target_knows(name: str, target: str) -> None:
