@@ -44,7 +44,9 @@ class Lowering:
     """How a schedule is lowered: fused ``rcs``/``rrs`` chains or plain sends and receives, the channels each
     connection is cut into, and the most chunks one merged step carries (1: no merging). ``balanced``: the
     channels cut each connection by its messages' positions, so they divide its steps evenly (the fit search's
-    cuts: its arithmetic assumes that), rather than by chunk (:func:`~backends.msccl.lowering.spread_index`)."""
+    cuts: its arithmetic assumes that), rather than by chunk (:func:`~backends.msccl.lowering.spread_index`).
+    ``in_link_order``: a connection's messages leave in the schedule's order across its channels
+    (:func:`~backends.msccl.lowering._order_connections`)."""
 
     fuse: bool
     channels: int = 1
@@ -52,12 +54,14 @@ class Lowering:
     strict_merge: bool = False
     per_message: bool = False
     balanced: bool = False
+    in_link_order: bool = False
 
     @property
     def label(self) -> str:
         extra = [f"{self.channels} channels"] if self.channels > 1 else []
         extra += [f"cnt <= {self.max_cnt}"] if self.max_cnt > 1 else []
         extra += ["whole messages"] if self.per_message else []
+        extra += ["in link order"] if self.in_link_order else []
         return ("fused" if self.fuse else "plain") + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -107,7 +111,7 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
     program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
                              channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
                              max_bytes=max_bytes, planned=planned, per_message=lowering.per_message,
-                             balance=lowering.balanced)
+                             balance=lowering.balanced, in_link_order=lowering.in_link_order)
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
 
 
