@@ -102,3 +102,21 @@ def test_in_link_order_keeps_own_data_behind_the_partial_sums_it_was_planned_aft
     steps = lambda program: sum(len(tb.steps) for g in program.gpus for tb in g.tbs)   # noqa: E731
     assert steps(ordered) == steps(loose)
     assert check_text(render_msccl_xml(ordered), "<reduce>", "executor").errors() == []
+
+
+def test_a_lowering_over_the_sms_stops_with_the_threadblocks_it_would_have(long_chain):
+    from backends.msccl.fit import fit_lowering
+    from backends.msccl.lowering import OverBudget
+
+    schedule, ring4 = long_chain
+    whole = lower_to_msccl(schedule, topology=ring4, fuse=True, channels=4)
+    most = max(len(g.tbs) for g in whole.gpus)
+    stopped = lower_to_msccl(schedule, topology=ring4, fuse=True, channels=4, tb_budget=most - 1)
+    assert isinstance(stopped, OverBudget) and stopped.threadblocks == most
+    assert lower_to_msccl(schedule, topology=ring4, fuse=True, channels=4, tb_budget=most) == whole
+    # the fit search words it as the verdict does
+    from dataclasses import replace
+    fit = fit_lowering(schedule, replace(ring4, sms_per_gpu=2), fuse=True, most_cnt=1)
+    assert not fit.fits and fit.program is None
+    assert fit.reason() == f"error: tbs-per-gpu: gpu {fit.broken[0].gpu}: {fit.tbs_per_gpu} threadblocks; all must be " \
+        "co-resident (one per SM) and the GPU has 2 SMs, so at most 2 (both runtimes)"

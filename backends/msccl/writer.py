@@ -190,7 +190,7 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
                   ) if whole_messages and has_multi_chunk_messages(schedule) else ()
     unmerged = None if unmerged_too_long(schedule, target, True) else fit_lowering(
         schedule, topology, target, True, most_cnt=1, **options)
-    if unmerged:
+    if unmerged and unmerged.program is not None:
         _check_name(unmerged.program.name)
     merged_may_come = () if unmerged and unmerged.fits else (Lowering(True, max_cnt=2),)
     if unmerged and unmerged.fits:
