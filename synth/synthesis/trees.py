@@ -196,7 +196,7 @@ def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float,
 def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesResult | None:
     """The verified schedule with ``chunks`` per rank, or None when a connection would carry more messages than
     the target's threadblocks can hold over all channels."""
-    schedule, phases = _schedule(CollectiveProblem(topology, name, root, chunks), size_bytes, options)
+    schedule, phases = _schedule(CollectiveProblem(topology, name, root, chunks), size_bytes, options, {})
     per_connection = Counter((t.src, t.dst) for t in schedule.transfers)
     if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
         return None
@@ -212,7 +212,8 @@ def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesRe
                        sum(p.num_trees for p in phases), 0.0)
 
 
-def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions) -> tuple[Schedule, list[_Phase]]:
+def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions, packed: dict
+              ) -> tuple[Schedule, list[_Phase]]:
     """The problem's schedule and the packings it is made of. In-tree collectives (ReduceScatter, Reduce, and
     Gather with copies) pack and schedule their broadcast-type dual on the reversed topology, and every chunk
     takes the reversed trees, booked forward in time in the reversal's order
@@ -225,7 +226,7 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
     if problem.collective in REVERSAL_OF:
         reversed_topology = reverse_topology(topology)
         dual = REVERSAL_OF[problem.collective]
-        phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options)
+        phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options, packed)
         dual_collective = make_collective(dual, topology.num_ranks, chunks, problem.root)
         if phase.roots == 1:
             # one root: the exact time reversal of the Broadcast as the runtime runs it (dgx1 Reduce 1 GB: 99.05%
@@ -239,9 +240,9 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
                                rule="rank"), [phase]
     reduction = reduction_for(problem)
     if reduction is not None:
-        solved = [_schedule(sub, size_bytes, options) for sub in reduction.apply()]
+        solved = [_schedule(sub, size_bytes, options, packed) for sub in reduction.apply()]
         return reduction.invert([s for s, _ in solved]), [p for _, phases in solved for p in phases]
-    phase = _pack(topology, problem.collective, size_bytes, problem.root, chunks, options)
+    phase = _pack(topology, problem.collective, size_bytes, problem.root, chunks, options, packed)
     return list_schedule(topology, _collective(problem, chunks), phase.routes, size_bytes, "trees",
                          **_by_progress(phase)), [phase]
 
@@ -267,12 +268,26 @@ def _collective(problem: CollectiveProblem, chunks: int):
     return make_collective(problem.collective, problem.topology.num_ranks, chunks, problem.root)
 
 
-def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions
-          ) -> _Phase:
-    """Pack, integerize and decompose one broadcast-type collective on ``topology`` into every chunk's out-tree.
+def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions,
+          packed: dict | None = None) -> _Phase:
+    """Pack, integerize and decompose one broadcast-type collective on ``topology`` into every chunk's out-tree;
+    ``packed`` keeps the phases made for one request by their links: an Allreduce's ReduceScatter packs an
+    Allgather on the reversed topology, which on a machine with links both ways is its Allgather's packing again
+    (dgx1: a second MILP and decomposition, 0.6 s).
 
     The fractional optimum is taken from the max-flow bound (equal to the packing LP, which the tests check on
     every built-in topology, and much faster than the LP on a switch's all-pairs links)."""
+    key = (topology.links, topology.switches, name, root, chunks)
+    if packed is not None and key in packed:
+        return packed[key]
+    phase = _pack_once(topology, name, size_bytes, root, chunks, options)
+    if packed is not None:
+        packed[key] = phase
+    return phase
+
+
+def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions
+               ) -> _Phase:
     commodities = broadcast_commodities(name, topology.num_ranks, root)
     group = free_symmetry_group(topology) if name == "allgather" else ()
     coll = make_collective(name, topology.num_ranks, chunks, root)
