@@ -74,9 +74,9 @@ class SolverOptions:
 
     ``time_limit_s`` bounds each solver call; ``deadline`` bounds the command, so a call gets at most the time
     left (:mod:`synth.solver.deadline`). ``node_limit`` bounds a MIP's branch-and-bound nodes: a budget that, unlike
-    the wall clock, gives the same answer however loaded the machine is. ``progress`` receives the MIP's incumbent, dual bound and gap every
-    :data:`MIP_PROGRESS_INTERVAL_S` seconds of a long solve (None: silent); it must be picklable where options
-    travel to worker processes.
+    the wall clock, gives the same answer however loaded the machine is. ``progress`` receives the MIP's incumbent,
+    dual bound and gap every :data:`MIP_PROGRESS_INTERVAL_S` seconds of a long solve (None: silent); it must be
+    picklable where options travel to worker processes.
     """
 
     time_limit_s: float = 60.0
