@@ -118,5 +118,5 @@ def test_a_lowering_over_the_sms_stops_with_the_threadblocks_it_would_have(long_
     from dataclasses import replace
     fit = fit_lowering(schedule, replace(ring4, sms_per_gpu=2), fuse=True, most_cnt=1)
     assert not fit.fits and fit.program is None
-    assert fit.reason() == f"error: tbs-per-gpu: gpu {fit.broken[0].gpu}: {fit.tbs_per_gpu} threadblocks; all must be " \
-        "co-resident (one per SM) and the GPU has 2 SMs, so at most 2 (both runtimes)"
+    assert fit.reason() == (f"error: tbs-per-gpu: gpu {fit.broken[0].gpu}: {fit.tbs_per_gpu} threadblocks; all must "
+                            "be co-resident (one per SM) and the GPU has 2 SMs, so at most 2 (both runtimes)")

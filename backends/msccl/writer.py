@@ -10,8 +10,8 @@ command's deadline also stops them once one fits), and they are judged fastest
 first (a fused one wins ties within 1%: fewer threadblocks, no cross-threadblock synchronisation; a file more
 than :data:`BEHIND_PLAN` slower than its plan is also tried with each connection's messages in the plan's order):
 the variant is rendered, the *text* is parsed back with our parser and judged by
-:func:`backends.msccl.verdict.check_text` for the target, exactly as ``synth check`` judges a file (lexical rules, runtime rules and limits, data-exact
-execution). The first that passes is returned. If none passes, nothing is returned:
+:func:`backends.msccl.verdict.check_text` for the target, exactly as ``synth check`` judges a file (lexical rules,
+runtime rules and limits, data-exact execution). The first that passes is returned. If none passes, nothing is returned:
 :class:`~synth.errors.BackendError` when the program does not fit the runtime (a limit, or a rule of the target),
 :class:`~synth.errors.VerificationError` when it is wrong (a bug).
 
