@@ -167,9 +167,13 @@ def _tree_candidate(request: SynthesisRequest, chunks: int, progress: Progress) 
 
 
 def hierarchy_applies(request: SynthesisRequest) -> bool:
-    """Whether the hierarchical decomposition covers the request (several nodes joined rail by rail)."""
+    """Whether the hierarchical decomposition covers the request (several nodes joined rail by rail; Broadcast and
+    Reduce by the rooted composition, :mod:`synth.synthesis.rooted`)."""
+    from synth.synthesis import rooted
     from synth.synthesis.hierarchy import check_applicable
 
+    if rooted.applies(request.topology, request.collective):
+        return True
     try:
         check_applicable(request.topology, request.collective)
     except InputError:
@@ -178,12 +182,16 @@ def hierarchy_applies(request: SynthesisRequest) -> bool:
 
 
 def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
-    """Compositions of one rail and one node solution (:mod:`synth.synthesis.hierarchy`), each replayed."""
+    """Compositions of one rail and one node solution (:mod:`synth.synthesis.hierarchy`; Broadcast and Reduce:
+    :mod:`synth.synthesis.rooted`), each replayed."""
+    from synth.synthesis import rooted
     from synth.synthesis.hierarchy import synthesize_hierarchy
 
     if request.sketch is not None:
         raise InputError("--sketch", "", "sketches guide the alpha-beta formulations; use --method "
                          "auto|routed|timexp")
+    if rooted.applies(request.topology, request.collective):
+        return rooted_candidates(request, progress)
     found = []
     for c in synthesize_hierarchy(request.topology, request.collective, request.size_bytes, request.root,
                                   request.target, request.chunks, progress, deadline=request.search_deadline):
@@ -191,6 +199,20 @@ def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet)
         result = SynthesisResult(schedule, Status.FEASIBLE, c.seconds, None, c.symmetry_order, schedule.steps,
                                  None, schedule.collective.chunks_per_rank)
         found.append(Candidate(c.plan.label(request.collective), result, c.report))
+    return found
+
+
+def rooted_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
+    """Broadcast and Reduce across nodes composed from rails and node spreads (:mod:`synth.synthesis.rooted`)."""
+    from synth.synthesis.rooted import synthesize_rooted
+
+    found = []
+    for c in synthesize_rooted(request.topology, request.collective, request.size_bytes, request.root,
+                               request.target, request.chunks):
+        schedule = c.schedule
+        result = SynthesisResult(schedule, Status.FEASIBLE, c.seconds, None, 1, schedule.steps, None, c.chunks)
+        progress(f"  {c.label}: {c.report.time_us:.2f} us ({len(schedule.transfers)} transfers)")
+        found.append(Candidate(c.label, result, c.report))
     return found
 
 
