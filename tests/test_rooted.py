@@ -77,8 +77,30 @@ def test_two_ndv2_nodes_through_one_nic_simulate_within_7_percent_of_the_bound(c
 def test_rooted_composition_applies_to_rooted_collectives_on_several_nodes_only():
     assert applies(load_topology("dgx-h100", nodes=2), "bcast")
     assert applies(load_topology("dgx2-2node-tecc"), "reduce")
+    assert applies(load_topology("dgx2-2node-tecc"), "gather")
+    assert not applies(load_topology("ndv2", nodes=2), "scatter")      # paths need an NVSwitch node
     assert not applies(load_topology("dgx-h100"), "broadcast")
     assert not applies(load_topology("dgx-h100", nodes=2), "allgather")
+
+
+@pytest.mark.parametrize("collective,chunks,rule", [("scatter", 8, "tail"), ("gather", 16, "work")])
+def test_scatter_and_gather_use_the_roots_switch_port_and_nic_together_and_simulate_at_the_bound(
+        collective, chunks, rule):
+    # on 2 x dgx-h100 the bound is the root's egress (ingress for Gather): switch port and NIC together
+    topo = load_topology("dgx-h100", nodes=2)
+    schedule = compose(topo, collective, chunks, GIB, rule=rule)
+    root_nic = {(0, v) for v in range(8, 16)} | {(v, 0) for v in range(8, 16)}
+    assert any((t.src, t.dst) in root_nic for t in schedule.transfers)
+    plan = verify(schedule, topo, GIB)
+    xml = emit_verified_xml(schedule, topo, "executor", GIB, plan_us=plan.time_us)
+    assert xml.simulated_us <= lower_bound(collective, topo, GIB, root=0).limit_us / 0.99
+
+
+def test_gather_takes_links_that_exist_where_the_published_model_has_one_way_rails():
+    topo = load_topology("dgx2-2node-tecc")     # odd GPUs reach the other node's even ones only
+    schedule = compose(topo, "gather", 2, GIB, root=4)
+    assert all(topo.link(t.src, t.dst) is not None for t in schedule.transfers)
+    verify(schedule, topo, GIB)
 
 
 def test_auto_takes_rooted_candidates_for_a_two_node_broadcast(two_small_nodes):
