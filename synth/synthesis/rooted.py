@@ -104,12 +104,14 @@ class RootedRoutes:
         self.k = topology.num_nodes
         self.rails = hierarchical_routes(topology, "broadcast", root).rails   # rails[j][n]: node n -> n + 1
         self.nodes: NodeTrees = node_trees(topology)
-        # GPUs where a rail enters each node (keyed by the node's first rank): they spread the chunks their rail
-        # brings, so the partners are chosen among the others where there are any
-        self._entries: dict[int, set[int]] = {}
+        # GPUs that carry a rail in each node (keyed by the node's first rank), on the chains from the root's
+        # node: they send and spread what crosses, so the partners are chosen among the others where there are any
+        self._on_rails: dict[int, set[int]] = {}
+        n0 = root // self.g
         for rail in self.rails:
-            for _, entry in rail:
-                self._entries.setdefault(entry - entry % self.g, set()).add(entry)
+            for hop in range(self.k - 1):
+                for rank in rail[(n0 + hop) % self.k]:
+                    self._on_rails.setdefault(rank - rank % self.g, set()).add(rank)
 
     def tree(self, chunk: int) -> list[Edge]:
         """Chunk ``chunk``'s out-tree: its rail is ``chunk mod R``; helpers and partners take turns by chunk."""
@@ -136,17 +138,17 @@ class RootedRoutes:
 
     def _spread(self, entry: int, have: set[int], turn: int) -> list[Edge]:
         """From ``entry`` to every GPU of its node that is not in ``have``: the node's tree, or on an NVSwitch a
-        star; where some GPUs are no rail's entry, split with one of them as a partner (the entry hands the chunk
+        star; where some GPUs carry no rail, split with one of them as a partner (the entry hands the chunk
         to it, then both send to half the rest), so that every GPU of the node sends a share (a DGX-2 has a NIC
         per two GPUs: its 8 entries alone would each send 15/8 of the buffer, 16.1 ms against the 10.7 ms
-        bound). Where every GPU is an entry, a partner only adds a hop (2 x dgx-h100 Broadcast 1 GB simulated
+        bound). Where every GPU carries a rail, a partner only adds a hop (2 x dgx-h100 Broadcast 1 GB simulated
         at 51% of the limit with partners, 85% without)."""
         g = self.g
         base = entry - entry % g
         if self.nodes.kind != "star":
             return [(base + u, base + v) for u, v in self.nodes.edges[entry % g]]
         targets = [base + (entry % g + k) % g for k in range(1, g) if base + (entry % g + k) % g not in have]
-        spare = [v for v in targets if v not in self._entries.get(base, ())]
+        spare = [v for v in targets if v not in self._on_rails.get(base, ())]
         if len(targets) < 3 or not spare:
             return [(entry, v) for v in targets]
         partner = spare[turn % len(spare)]
