@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backends.msccl.lowering import DEFAULT_MAX_BYTES
-from backends.msccl.writer import EmittedXml, check_target_knows, emit_verified_xml, schedule_floor_us
+from backends.msccl.writer import (EmittedXml, check_target_holds, check_target_knows, emit_verified_xml,
+                                   schedule_floor_us)
 from synth.errors import BackendError, InputError, VerificationError
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.solver.deadline import Deadline
@@ -134,6 +135,7 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     True
     """
     check_target_knows(request.collective, request.target)     # before any search
+    check_target_holds(request.topology.num_ranks, request.target)
     candidates = [c for c in verified_candidates(request, progress, tree_fallbacks=False)
                   if c.result.status != Status.BASELINE]
     baselines = _runnable_baselines(request)
@@ -192,10 +194,12 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
                     if candidate.report.time_us < best_us() or is_baseline(candidate):
                         take(candidate)
                 if best_us() < math.inf:
-                    # a baseline is still written if none was (never slower than the runtime's own choice): the
-                    # smallest program, the quickest to write and the likeliest to fit
+                    # past the limit a baseline is still written only where its replay beats every file (never
+                    # slower than the runtime's own choice): the smallest such program, the quickest to write.
+                    # Otherwise the report compares with the fastest baseline's replay, and the command ends.
                     safety = [] if any(is_baseline(w.candidate) for w in written) else sorted(
-                        (c for c in pending if is_baseline(c)), key=_program_size)[:1]
+                        (c for c in pending if is_baseline(c) and c.report.time_us < best_us()),
+                        key=_program_size)[:1]
                     if len(pending) > len(safety):
                         progress(f"  time limit reached: {len(pending) - len(safety)} slower candidate(s) not written"
                                  + (" (a baseline still is)" if safety else ""))
@@ -283,7 +287,7 @@ class _Writer:
         return functools.partial(emit_verified_xml, candidate.result.schedule, request.topology, request.target,
                                  request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
                                  max_bytes=xml.max_bytes, deadline=request.deadline if same_clock else None,
-                                 plan_us=candidate.report.time_us)
+                                 plan_us=candidate.report.time_us, **({"progress": self.progress} if here else {}))
 
     def ahead(self, upcoming: list[Candidate]) -> None:
         """Keep up to ``slots`` writes in flight, taken from ``upcoming`` in its order."""
