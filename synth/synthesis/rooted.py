@@ -1,5 +1,6 @@
-"""Rooted collectives across nodes (Broadcast, Reduce): the root's node splits the buffer over its rails, every
-rail carries its share to the other nodes, each node spreads what its rails bring, all pipelined in chunks.
+"""Rooted collectives across nodes (Broadcast, Reduce, Scatter, Gather): the root's node splits the buffer over
+its rails, every rail carries its share to the other nodes, each node spreads what its rails bring, all pipelined
+in chunks.
 
 Tree packing (:mod:`synth.synthesis.trees`) reaches the limit on single nodes but not across them: on 2 x dgx-h100
 its packing MILP left Broadcast 1 GB at 46% of the limit (33% MIP gap after its time limit) and its programs did
@@ -19,6 +20,12 @@ Every sender's sends through one port go in chunk order (:func:`synth.schedule.l
 with ``rule="sequence"``, timed with the runtime's FIFOs), as the lowering keeps them, so the plan is what runs.
 Reduce takes the same trees reversed (:func:`synth.schedule.list_scheduler.reverse_in_time`): partial sums
 collect in each node to its rail, cross, and collect at the root; they are booked as they can meet.
+
+Scatter (Gather backwards, on the reversed machine) sends each chunk on a path: straight to the root node's GPUs,
+and to other nodes over the root's own NIC or handed to another rail's sender, in the proportion that makes the
+root's switch port and NIC finish together (:func:`own_rail_chunks`; that is Scatter's bound on 2 x dgx-h100).
+The greedy booking (:func:`synth.schedule.list_scheduler.list_schedule`) is tried with a few rules and chunk
+counts, the fastest replays compete (:func:`synthesize_rooted`).
 """
 
 from __future__ import annotations
@@ -366,8 +373,3 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         found.append(RootedCandidate(c, schedule, report, time.perf_counter() - t0, rule, f))
     found.sort(key=lambda r: r.report.time_us)
     return found[:PERSONALISED_KEPT] if name in PERSONALISED else found
-
-
-def busiest_connection(schedule: Schedule) -> int:
-    """Messages on the schedule's busiest connection (what one threadblock must hold on one channel)."""
-    return max(Counter((t.src, t.dst) for t in schedule.transfers).values())
