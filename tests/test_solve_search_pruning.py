@@ -66,7 +66,7 @@ def test_alltoall_paths_at_the_limit_end_the_search():
     request = SynthesisRequest(load_topology("dgx-h100"), "alltoall", 1 << 30)
     heard: list[str] = []
     found = verified_candidates(request, heard.append)
-    assert any("alltoall paths are within 1% of the limit" in line for line in heard)
+    assert any("alltoall paths are within 2% of the limit" in line for line in heard)
     assert {c.label.split("/")[0] for c in found} <= {"alltoall-paths", "baseline"}
 
 
