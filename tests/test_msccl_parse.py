@@ -7,8 +7,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from backends.msccl.parse import (MAX_GPUS, XmlError, load_msccl_document, load_msccl_xml, parse_msccl_document,
-                                  parse_msccl_xml)
+from backends.msccl import parse
+from backends.msccl.limits import MAX_XML_CHILDREN, MAX_XML_ELEMENTS
+from backends.msccl.parse import (MAX_GPUS, ParseBounds, XmlError, load_msccl_document, load_msccl_xml,
+                                  parse_msccl_document, parse_msccl_xml)
 from synth.errors import InputError
 from backends.msccl.lint import lint_program, lint_text
 from support.shared import needs_shared, shared_msccl_xml
@@ -228,6 +230,49 @@ def test_load_reports_unreadable_and_non_utf8_files(tmp_path):
     good = tmp_path / "good.xml"
     good.write_text(tiny_xml())
     assert load_msccl_document(good).source == str(good)
+
+
+# --- allocation bounds: every file a runtime loads parses; more is refused before it is built -----------------
+
+def test_the_bounds_hold_every_file_a_runtime_can_load():
+    # a rank's load holds the algo, every gpu and its own tbs and steps; an algo at most 1024 gpus
+    most_steps = max(n * (MAX_XML_ELEMENTS - 1 - n) for n in range(1, MAX_XML_CHILDREN + 1))
+    assert parse.MAX_STEPS == most_steps == 3_143_680
+    longest_line = len(STEP.format(s=255, type="rrcs").replace('"0"', '"32767"').replace('"-1"', '"127"')) + 8
+    assert parse.MAX_TEXT_CHARS >= most_steps * longest_line
+
+
+def test_steps_beyond_the_bound_are_refused_with_the_line():
+    text = tiny_xml()
+    assert len(parse_msccl_xml(text, "two.xml", ParseBounds(steps=2))[0].gpus) == 2
+    with pytest.raises(XmlError) as info:
+        parse_msccl_xml(text, "two.xml", ParseBounds(steps=1))
+    assert str(info.value) == "two.xml:9: more than 1 steps in one file"
+
+
+def test_text_beyond_the_bound_is_refused_before_reading(tmp_path):
+    text = tiny_xml()
+    path = tmp_path / "a.xml"
+    path.write_text(text)
+    assert load_msccl_xml(path, ParseBounds(text_chars=len(text)))
+    with pytest.raises(XmlError, match=f"a.xml:1: file is {len(text)} bytes; at most {len(text) - 1} are accepted"):
+        load_msccl_xml(path, ParseBounds(text_chars=len(text) - 1))
+    with pytest.raises(XmlError, match=f"input is {len(text)} characters; at most 10 are accepted"):
+        parse_msccl_document(text, "a.xml", ParseBounds(text_chars=10))
+
+
+@pytest.mark.parametrize("text", [tiny_xml(), tiny_xml().replace('type="s"', 'type="zz"').replace('type="zz"', 'type="s"', 1),
+                                  tiny_xml().replace("</gpu>", "</gpu>\ud800", 1), tiny_xml().replace("</algo>", ""),
+                                  tiny_xml().replace('<tb id="0"', '<tb id="0" <', 1)])
+def test_text_fed_in_pieces_parses_as_a_whole(monkeypatch, text):
+    def outcome():
+        try:
+            return parse_msccl_xml(text, "a.xml")
+        except XmlError as exc:
+            return str(exc)
+    whole = outcome()
+    monkeypatch.setattr(parse, "_FEED_CHARS", 7)     # pieces split elements, attributes and lines
+    assert outcome() == whole
 
 
 # --- fuzzing: any input ends in a result or an InputError -------------------------------------------------

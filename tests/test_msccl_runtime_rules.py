@@ -165,3 +165,29 @@ def test_custom_is_judged_without_a_postcondition(target):
     valid, errors, _ = verdict(custom.replace('type="r" srcbuf="i" srcoff="0" dstbuf="i" dstoff="0"',
                                               'type="r" srcbuf="i" srcoff="0" dstbuf="i" dstoff="3"'), target)
     assert not valid and any("step-buffer" in e or "out-of-range" in e for e in errors)
+
+
+def test_a_rank_whose_load_holds_more_than_4095_xml_elements_is_refused_by_both():
+    """Both loaders read a rank's file into a table of 4096 elements (the <algo>, every <gpu>, the rank's own tbs
+    and steps) and fail once it is full: 4095 fit, one more does not."""
+    def program(steps_on_rank_0: int) -> MscclProgram:
+        tbs = tuple(Threadblock(k, -1, -1, 0, tuple(Step(s, "nop", "i", 0, "i", 0, 1) for s in range(n)))
+                    for k, n in enumerate((64,) * (steps_on_rank_0 // 64) + (steps_on_rank_0 % 64,)))
+        return MscclProgram("big", "Simple", 1, 2, 2, "allgather", 0, 1, 0, 0,
+                            (Gpu(0, 1, 2, 0, tbs), Gpu(1, 1, 2, 0, ())))
+    fits = 4095 - 3 - 63     # the algo, 2 gpus, then 63 tbs of 64 steps (the last one short) hold the rest
+    assert fits == 4029 and len(program(fits).gpus[0].tbs) == 63
+    for target in ("executor", "legacy"):
+        assert not [f for f in lint_program(program(fits), target) if f.kind == "xml-elements"]
+        (finding,) = [f for f in lint_program(program(fits + 1), target) if f.kind == "xml-elements"]
+        assert finding.severity == "error" and finding.gpu == 0
+        assert "rank 0 loads 4096 XML elements" in finding.message and "at most 4095" in finding.message
+
+
+def test_more_than_1024_gpus_overflow_both_loaders():
+    def program(ngpus: int) -> MscclProgram:
+        return MscclProgram("wide", "Simple", 1, ngpus, ngpus, "allgather", 0, 1, 0, 0,
+                            tuple(Gpu(r, 1, ngpus, 0, ()) for r in range(ngpus)))
+    assert not [f for f in lint_program(program(1024), "executor") if f.kind == "xml-elements"]
+    (finding,) = [f for f in lint_program(program(1025), "both") if f.kind == "xml-elements"]
+    assert finding.severity == "error" and "ngpus=1025" in finding.message and "at most 1024" in finding.message

@@ -127,3 +127,12 @@ def test_variants_left_unmade_could_not_have_won(case, ring4, dgx1, ring_schedul
     assert (emitted.simulated_us, emitted.lowering.label) == (every[0][1], every[0][2])
     floor = schedule_floor_us(schedule, topology, size)
     assert all(time_us >= floor * (1 - 1e-12) for _, time_us, _ in every)
+
+
+def test_each_phase_of_writing_is_announced(ring4, ring_schedule):
+    heard = []
+    emitted = emit_verified_xml(ring_schedule, ring4, "executor", 1 << 20, progress=heard.append)
+    label, steps = emitted.lowering.label, sum(len(tb.steps) for g in emitted.program.gpus for tb in g.tbs)
+    assert heard[0] == "    fitting the fused lowering to the executor runtime's limits (12 transfers)"
+    assert f"    simulating the {label} lowering ({steps} steps)" in heard
+    assert heard[-1] == f"    checking the {label} lowering as synth check does (render, parse, lint, execute)"

@@ -27,8 +27,9 @@ from typing import Iterator
 from backends.msccl.findings import Finding
 from backends.msccl.ir import Gpu, MscclProgram, Threadblock
 from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_PER_CHANNEL_DIRECTION,
-                                   connection_findings, max_steps, nchannels_findings, step_limit_findings,
-                                   tb_limit_findings, tbs_per_gpu_findings)
+                                   connection_findings, max_steps, nchannels_findings, ngpus_findings,
+                                   step_limit_findings, tb_limit_findings, tbs_per_gpu_findings,
+                                   xml_elements_findings)
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, OverBudget, PlannedOps, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
 from synth.errors import BackendError
@@ -127,9 +128,9 @@ def _over_budget(over: OverBudget, lowering: Lowering, sms: int) -> Fit:
 
 def measure(program: MscclProgram, lowering: Lowering, target: str, sms: int | None) -> Fit:
     """The program's shape and the runtime limits it breaks on ``target`` (no rendering, no execution)."""
-    found = nchannels_findings(program)
+    found = nchannels_findings(program) + ngpus_findings(program)
     for gpu in program.gpus:   # the limit rules of limits.runtime_limits, without its per-step buffer checks
-        found += connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms)
+        found += connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms) + xml_elements_findings(program, gpu)
         for tb in gpu.tbs:
             found += tb_limit_findings(program, gpu, tb)
             if any(not 1 <= st.cnt <= MAX_CNT for st in tb.steps if st.type != "nop"):

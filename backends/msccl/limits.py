@@ -31,9 +31,16 @@ MAX_CHANNELS = 32                  # nchannels; chan is 0..nchannels-1
 MAX_TBS_PER_CHANNEL_DIRECTION = 32  # sending (or receiving) tbs on one channel of a GPU
 MAX_DEPID = 127                    # depid is stored in a signed byte
 INT16_MAX = 32767                  # srcoff/dstoff are int16
+# Both loaders read a rank's file into one fixed table of XML elements (MAX_NODES = 4096 in msccl_parser.h and in
+# legacy's graph/xml.h): the <algo>, every <gpu> element, and the loading rank's own <tb> and <step> elements
+# count, and the reader fails when the table is full before its next read (one always follows), so a rank holds
+# at most 4095 of them. An element's children go into a 1024-slot array without a bound check (MAX_SUBS): more
+# than 1024 <gpu> elements in an <algo> overwrite the reader's memory.
+MAX_XML_ELEMENTS = 4096 - 1        # counted elements per rank's load
+MAX_XML_CHILDREN = 1024            # children of one element: the GPUs of one algo
 
 # Findings that say "the runtime cannot hold this program" (rather than "the program is wrong").
-LIMIT_KINDS = frozenset({"steps-per-tb", "channel", "step-cnt", "tb-connection", "tbs-per-gpu"})
+LIMIT_KINDS = frozenset({"steps-per-tb", "channel", "step-cnt", "tb-connection", "tbs-per-gpu", "xml-elements"})
 EXECUTOR, LEGACY = ("executor",), ("legacy",)
 
 # Which of a step's buffer references the executing GPU touches locally, by step type.
@@ -48,9 +55,9 @@ def max_steps(target: str) -> int:
 
 def runtime_limits(program: MscclProgram, sms: int | None = None) -> list[Finding]:
     """Every limit the program breaks, in program order; ``sms``: the GPU's SM count (None: unknown)."""
-    out = nchannels_findings(program)
+    out = nchannels_findings(program) + ngpus_findings(program)
     for gpu in program.gpus:
-        out += connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms)
+        out += connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms) + xml_elements_findings(program, gpu)
         limits = buffer_limits(program, gpu)
         for tb in gpu.tbs:
             out += tb_limit_findings(program, gpu, tb)
@@ -65,6 +72,30 @@ def nchannels_findings(p: MscclProgram) -> list[Finding]:
     if 1 <= p.nchannels <= MAX_CHANNELS:
         return []
     return [Finding("channel", f"nchannels={p.nchannels} is outside 1..{MAX_CHANNELS}", line=p.line)]
+
+
+def ngpus_findings(p: MscclProgram) -> list[Finding]:
+    """At most :data:`MAX_XML_CHILDREN` GPUs: the loaders keep an algo's ``<gpu>`` elements in an array that size."""
+    if p.ngpus <= MAX_XML_CHILDREN:
+        return []
+    return [Finding("xml-elements", f"ngpus={p.ngpus}; the runtimes' XML reader holds at most {MAX_XML_CHILDREN} "
+                    "<gpu> elements in an <algo> (MAX_SUBS; more overwrite its memory)", line=p.line)]
+
+
+def xml_elements(ngpus: int, tbs: int, steps: int) -> int:
+    """The elements a rank's load of the file counts (:data:`MAX_XML_ELEMENTS`): the ``<algo>``, every ``<gpu>``,
+    and the rank's own ``tbs`` threadblocks and ``steps`` steps (``nop`` steps too)."""
+    return 1 + ngpus + tbs + steps
+
+
+def xml_elements_findings(p: MscclProgram, gpu: Gpu) -> list[Finding]:
+    """The rank's load of the file holds at most :data:`MAX_XML_ELEMENTS` elements (:func:`xml_elements`)."""
+    count = xml_elements(p.ngpus, len(gpu.tbs), sum(len(tb.steps) for tb in gpu.tbs))
+    if count <= MAX_XML_ELEMENTS:
+        return []
+    return [Finding("xml-elements", f"rank {gpu.id} loads {count} XML elements (the <algo>, {p.ngpus} <gpu>, its "
+                    f"{len(gpu.tbs)} <tb> and their <step>s); the runtimes' XML reader holds at most "
+                    f"{MAX_XML_ELEMENTS} (MAX_NODES = {MAX_XML_ELEMENTS + 1})", gpu=gpu.id, line=gpu.line)]
 
 
 def connection_findings(gpu: Gpu) -> list[Finding]:

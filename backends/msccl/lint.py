@@ -33,7 +33,8 @@ from backends.msccl import conventions
 from backends.msccl.ir import (COLL_SPELLING, LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, PROTOCOLS, STEP_TYPES, Gpu,
                                MscclProgram, Step, Threadblock)
 from backends.msccl.limits import (MAX_DEPID, buffer_findings, buffer_limits, connection_findings, nchannels_findings,
-                                   step_limit_findings, tb_limit_findings, tbs_per_gpu_findings)
+                                   ngpus_findings, step_limit_findings, tb_limit_findings, tbs_per_gpu_findings,
+                                   xml_elements_findings)
 
 from synth.errors import InputError
 from backends.msccl.findings import RUNTIMES, Finding
@@ -160,7 +161,7 @@ def _algo_values(p: MscclProgram) -> list[Finding]:
     if p.proto not in PROTOCOLS:
         out.append(Finding("proto", f"proto {p.proto!r} is not one of {', '.join(PROTOCOLS)}", line=p.line))
     out.extend(_coll_spelling(p))
-    out.extend(nchannels_findings(p))
+    out.extend(nchannels_findings(p) + ngpus_findings(p))
     for name, value in (("inplace", p.inplace), ("outofplace", p.outofplace)):
         if value not in (None, 0, 1):
             out.append(Finding("algo-attributes", f"{name}={value} should be 0 or 1", "warning", line=p.line))
@@ -273,7 +274,7 @@ def _gpu_ids(p: MscclProgram) -> list[Finding]:
 # --- gpu-, tb- and step-level rules -----------------------------------------------------------------------
 
 def _gpu_findings(p: MscclProgram, gpu: Gpu, sms: int | None) -> list[Finding]:
-    out = _tb_ids(gpu) + connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms)
+    out = _tb_ids(gpu) + connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms) + xml_elements_findings(p, gpu)
     if sms is None and len(gpu.tbs) > TYPICAL_MIN_SMS:
         out.append(Finding("tb-count", f"{len(gpu.tbs)} threadblocks; all must be co-resident (one per SM) and "
                            f"some GPUs have only {TYPICAL_MIN_SMS} SMs", "warning", gpu=gpu.id, line=gpu.line))

@@ -42,17 +42,33 @@ from synth.errors import InputError
 from backends.msccl.findings import Finding
 
 from backends.msccl.ir import BUFFERS, PROTOCOLS, STEP_TYPES, Gpu, MscclProgram, Step, Threadblock
+from backends.msccl.limits import MAX_XML_CHILDREN, MAX_XML_ELEMENTS
 
-# Allocation bounds (DESIGN section 11). Real algorithms are far below them; a file beyond them is refused
-# before we build anything proportional to it.
-MAX_TEXT_CHARS = 1 << 28          # 256 Mi characters of XML
+# Allocation bounds (DESIGN section 11). A file beyond them is refused before we build anything proportional to it.
+# Steps and text are bounded by what the runtimes can load at all, so that every file either runtime loads (ours
+# at 1024 GPUs included) parses and gets the linter's verdict: a rank's load holds at most MAX_XML_ELEMENTS
+# elements, the <algo> and every <gpu> among them, and an <algo> at most MAX_XML_CHILDREN GPUs
+# (backends.msccl.limits), so a loadable file holds at most 1024 x (4095 - 1 - 1024) steps.
 MAX_ALGOS = 1024                  # <algo> documents per file
 MAX_GPUS = 4096                   # ngpus per algo
 MAX_PARSED_CHANNELS = 4096        # nchannels per algo (the runtimes allow 32; the linter reports that)
 MAX_CHUNKS = 1 << 20              # nchunksperloop, i/o/s_chunks of one buffer, cnt of one step
 MAX_TOTAL_CHUNKS = 1 << 22        # sum of i/o/s_chunks over all GPUs of one algo
 MAX_TBS = 1 << 20                 # threadblocks per file
-MAX_STEPS = 2_000_000             # steps per file
+MAX_STEPS = MAX_XML_CHILDREN * (MAX_XML_ELEMENTS - 1 - MAX_XML_CHILDREN)   # steps per file: 3,143,680
+MAX_TEXT_CHARS = 1 << 30          # characters per file: 341 per step at MAX_STEPS (ours write about 110)
+_FEED_CHARS = 1 << 24             # text handed to expat at a time (no whole-file copy is made)
+
+
+@dataclass(frozen=True)
+class ParseBounds:
+    """What one file may make the parser hold: characters of text and steps (defaults :data:`MAX_TEXT_CHARS`,
+    :data:`MAX_STEPS`). Tests pass small ones; callers keep the defaults."""
+
+    text_chars: int = MAX_TEXT_CHARS
+    steps: int = MAX_STEPS
+
+
 INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 
@@ -96,7 +112,7 @@ class MscclDocument:
     notes: tuple[Finding, ...] = ()
 
 
-def parse_msccl_xml(text: str, source: str) -> list[MscclProgram]:
+def parse_msccl_xml(text: str, source: str, bounds: ParseBounds = ParseBounds()) -> list[MscclProgram]:
     """Parse MSCCL XML text into one program per ``<algo>`` element.
 
     Parameters
@@ -105,32 +121,34 @@ def parse_msccl_xml(text: str, source: str) -> list[MscclProgram]:
         The file's content.
     source : str
         The name used in error messages (usually the path).
+    bounds : ParseBounds
+        The most text and steps accepted (the defaults take every file a runtime can load).
 
     Raises
     ------
     XmlError
         (an InputError) for any malformed input, with message ``"{source}:{line}: {problem}"``.
     """
-    return list(parse_msccl_document(text, source).programs)
+    return list(parse_msccl_document(text, source, bounds).programs)
 
 
-def load_msccl_xml(path: str | os.PathLike) -> list[MscclProgram]:
+def load_msccl_xml(path: str | os.PathLike, bounds: ParseBounds = ParseBounds()) -> list[MscclProgram]:
     """Read and parse an MSCCL XML file; see :func:`parse_msccl_xml`."""
-    return parse_msccl_xml(read_xml_text(path), str(path))
+    return parse_msccl_xml(read_xml_text(path, bounds), str(path), bounds)
 
 
-def load_msccl_document(path: str | os.PathLike) -> MscclDocument:
+def load_msccl_document(path: str | os.PathLike, bounds: ParseBounds = ParseBounds()) -> MscclDocument:
     """Read and parse an MSCCL XML file, keeping the parser's notes; see :func:`parse_msccl_document`."""
-    return parse_msccl_document(read_xml_text(path), str(path))
+    return parse_msccl_document(read_xml_text(path, bounds), str(path), bounds)
 
 
-def read_xml_text(path: str | os.PathLike) -> str:
-    """Read a file as UTF-8 text, refusing files over :data:`MAX_TEXT_CHARS` bytes before reading them."""
+def read_xml_text(path: str | os.PathLike, bounds: ParseBounds = ParseBounds()) -> str:
+    """Read a file as UTF-8 text, refusing files over ``bounds.text_chars`` bytes before reading them."""
     source = str(path)
     try:
         size = Path(path).stat().st_size
-        if size > MAX_TEXT_CHARS:
-            raise XmlError(source, 1, f"file is {size} bytes; at most {MAX_TEXT_CHARS} are accepted")
+        if size > bounds.text_chars:
+            raise XmlError(source, 1, f"file is {size} bytes; at most {bounds.text_chars} are accepted")
         data = Path(path).read_bytes()
     except OSError as exc:
         raise InputError(source, "", f"cannot read the file ({exc.strerror or exc})") from None
@@ -141,7 +159,7 @@ def read_xml_text(path: str | os.PathLike) -> str:
         raise XmlError(source, line, "the file is not UTF-8 text") from None
 
 
-def parse_msccl_document(text: str, source: str) -> MscclDocument:
+def parse_msccl_document(text: str, source: str, bounds: ParseBounds = ParseBounds()) -> MscclDocument:
     """Parse MSCCL XML text into a :class:`MscclDocument` (programs plus notes about skipped content).
 
     Notes are warning :class:`~backends.msccl.findings.Finding` objects of kind ``unknown-element`` or
@@ -149,23 +167,22 @@ def parse_msccl_document(text: str, source: str) -> MscclDocument:
     """
     if not isinstance(text, str):
         raise XmlError(source, 1, "expected text, got binary data")
-    if len(text) > MAX_TEXT_CHARS:
-        raise XmlError(source, 1, f"input is {len(text)} characters; at most {MAX_TEXT_CHARS} are accepted")
+    if len(text) > bounds.text_chars:
+        raise XmlError(source, 1, f"input is {len(text)} characters; at most {bounds.text_chars} are accepted")
     body = _blank_prolog(text).replace("\r\n", "\n").replace("\r", "\n")  # XML's line-end rule, our line count
     dtd = _DTD_RE.search(body)
     if dtd:
         raise XmlError(source, _line_at(body, dtd.start()),
                        "DTDs and entity declarations are refused (untrusted input)")
-    try:
-        data = (f"<{_WRAPPER}>" + body + f"</{_WRAPPER}>").encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise XmlError(source, _line_at(body, exc.start), "text contains a lone surrogate character") from None
-    handler = _Handler(source)
+    handler = _Handler(source, bounds.steps)
     reader = DefusedExpatParser(forbid_dtd=True, forbid_entities=True, forbid_external=True)
     reader.setContentHandler(handler)
     handler.setDocumentLocator(ExpatLocator(reader))  # only parse() sets it; we feed() to bound the input
     try:
-        reader.feed(data)
+        reader.feed(f"<{_WRAPPER}>".encode())
+        for start in range(0, len(body), _FEED_CHARS):   # piece by piece: no encoded copy of the whole file
+            reader.feed(_encoded(body, start, source))
+        reader.feed(f"</{_WRAPPER}>".encode())
         reader.close()
     except SAXParseException as exc:
         raise _syntax_error(source, body, exc, handler) from None
@@ -174,6 +191,14 @@ def parse_msccl_document(text: str, source: str) -> MscclDocument:
     if not handler.programs:
         raise XmlError(source, 1, "no <algo> element found; this is not an MSCCL algorithm file")
     return MscclDocument(source, tuple(handler.programs), tuple(handler.notes()))
+
+
+def _encoded(body: str, start: int, source: str) -> bytes:
+    """``body``'s piece of :data:`_FEED_CHARS` characters from ``start``, as UTF-8."""
+    try:
+        return body[start:start + _FEED_CHARS].encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise XmlError(source, _line_at(body, start + exc.start), "text contains a lone surrogate character") from None
 
 
 def _blank_prolog(text: str) -> str:
@@ -220,9 +245,10 @@ class _Frame:
 class _Handler(ContentHandler):
     """SAX handler building frozen programs bottom-up; counts are checked before anything grows."""
 
-    def __init__(self, source: str):
+    def __init__(self, source: str, max_steps: int = MAX_STEPS):
         super().__init__()
         self.source = source
+        self.max_steps = max_steps
         self.programs: list[MscclProgram] = []
         self._stack: list[_Frame] = []
         self._unknown: dict[tuple[str, str], list[int]] = {}   # (tag, attr or "") -> [first line, count]
@@ -374,8 +400,10 @@ class _Handler(ContentHandler):
 
     def _count_step(self) -> None:
         self._steps += 1
-        if self._steps > MAX_STEPS:
-            self._fail(f"more than {MAX_STEPS} steps in one file")
+        if self._steps > self.max_steps:
+            self._fail(f"more than {self.max_steps} steps in one file" + (
+                "" if self.max_steps < MAX_STEPS else f": no MSCCL runtime loads that many (a rank's load holds "
+                f"{MAX_XML_ELEMENTS} XML elements, an <algo> {MAX_XML_CHILDREN} GPUs)"))
 
     @staticmethod
     def _program(frame: _Frame) -> MscclProgram:

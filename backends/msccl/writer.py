@@ -36,7 +36,7 @@ from synth.schedule.costmodel import load_bound_us
 
 from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
                                Threadblock)
-from backends.msccl.limits import LIMIT_KINDS, MAX_CNT
+from backends.msccl.limits import LIMIT_KINDS, MAX_CNT, MAX_XML_CHILDREN
 from backends.msccl.fit import (Fit, Lowering, fit_lowering, has_multi_chunk_messages, hopeless, in_flight_channels,
                                iter_wider_fits, lower_fitted, measure, unmerged_too_long, whole_message_fit,
                                wider_channels)
@@ -77,6 +77,10 @@ class Expiry(Protocol):
     def expired(self) -> bool: ...
 
 
+def _quiet(message: str) -> None:
+    """No progress wanted."""
+
+
 def _collector_paused(function):
     """Run ``function`` with Python's cyclic garbage collector paused (as it was before, after it).
 
@@ -99,7 +103,7 @@ def _collector_paused(function):
 def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "executor",
                       size_bytes: int | None = None, *, proto: str = "Simple", name: str | None = None,
                       min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES, deadline: Expiry | None = None,
-                      plan_us: float | None = None) -> EmittedXml:
+                      plan_us: float | None = None, progress: Callable[[str], None] = _quiet) -> EmittedXml:
     """Lower both ways with the topology, fitted; judge the fastest as ``synth check`` does; return the first that
     passes.
 
@@ -114,6 +118,9 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     variants with merged steps too: a relay forwards a merged message only once all of it has arrived, so merging
     never gets a chunk anywhere sooner than the plan; they are made only when the best variant is more than
     :data:`TIE` slower than that (:func:`_settled`).
+
+    ``progress`` hears each phase (fitting a lowering, simulating, checking a variant): at 1024 GPUs each takes
+    minutes.
     """
     if topology is None:
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
@@ -125,7 +132,8 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     # every variant lowers the same per-rank ops (planned once per mode)
     options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes, planned=PlannedOps(schedule))
     variants = _variants(schedule, topology, target, failures, options,
-                         whole_messages=bool(size_bytes) and _alpha_bound(schedule, topology, size_bytes))
+                         whole_messages=bool(size_bytes) and _alpha_bound(schedule, topology, size_bytes),
+                         progress=progress)
     floor_us = None     # no program of the schedule simulates faster (computed with the first one)
     timed: list[tuple[tuple, float | None, Fit]] = []    # (sort key, simulated us, fit), not yet judged
     programs: list[MscclProgram] = []                     # every program timed (the same one is not timed twice)
@@ -137,6 +145,8 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
             programs.append(fit.program)
             if floor_us is None:
                 floor_us = schedule_floor_us(schedule, topology, size_bytes) if size_bytes else 0.0
+            if size_bytes:
+                progress(f"    simulating the {fit.lowering.label} lowering ({_steps(fit.program)} steps)")
             time_us = _simulated_us(fit.program, topology, size_bytes)
             timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
             if first_round and ((deadline is not None and deadline.expired)
@@ -154,6 +164,8 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
         timed.sort(key=lambda entry: entry[0])
         while timed:
             _, time_us, fit = timed.pop(0)
+            progress(f"    checking the {fit.lowering.label} lowering as synth check does (render, parse, lint, "
+                     "execute)")
             emitted, failure = _judge(fit, topology, target, time_us)
             if emitted is None and fit.lowering.max_cnt > 1:   # merged steps that wait too long: merge strictly
                 strict = fit_lowering(schedule, topology, target, fit.lowering.fuse, strict_merge=True, **options)
@@ -177,7 +189,8 @@ def schedule_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
 
 
 def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],
-              options: dict, whole_messages: bool = True) -> Iterator[tuple[Fit, tuple[Lowering, ...]]]:
+              options: dict, whole_messages: bool = True, progress: Callable[[str], None] = _quiet
+              ) -> Iterator[tuple[Fit, tuple[Lowering, ...]]]:
     """The fitted lowerings, each with the kinds of lowering that may still come after it (for :func:`_settled`):
     fused without merging (each fit, then its wider spreads), plain, then fused with merged steps only when the
     unmerged fused one does not fit, and last each step's chunks between two peers as one message
@@ -188,14 +201,14 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     a 30 s solve). A lowering that cannot fit is recorded in ``failures``."""
     whole = tuple(Lowering(fuse, 1, MAX_CNT, per_message=True) for fuse in (True, False)
                   ) if whole_messages and has_multi_chunk_messages(schedule) else ()
-    unmerged = None if unmerged_too_long(schedule, target, True) else fit_lowering(
-        schedule, topology, target, True, most_cnt=1, **options)
+    fitting = functools.partial(_fitting, schedule, topology, target, progress=progress, **options)
+    unmerged = None if unmerged_too_long(schedule, target, True) else fitting(True, most_cnt=1)
     if unmerged and unmerged.program is not None:
         _check_name(unmerged.program.name)
     merged_may_come = () if unmerged and unmerged.fits else (Lowering(True, max_cnt=2),)
     if unmerged and unmerged.fits:
         yield from _with_spreads(schedule, topology, target, unmerged, (Lowering(False),) + whole, options)
-    plain = fit_lowering(schedule, topology, target, False, **options)
+    plain = fitting(False)
     _check_name(plain.program.name)
     if plain.fits:
         yield from _with_spreads(schedule, topology, target, plain, merged_may_come + whole, options)
@@ -210,7 +223,7 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     else:
         failures.append((f"{plain.lowering.label} lowering breaks a runtime rule: {plain.reason()}", True))
     if not (unmerged and unmerged.fits):
-        merged = fit_lowering(schedule, topology, target, True, **options)
+        merged = fitting(True)
         if merged.fits:
             yield from _with_spreads(schedule, topology, target, merged, whole, options)
         else:
@@ -219,6 +232,19 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
         fit = whole_message_fit(schedule, topology, target, lowering.fuse, **options)
         if fit is not None:
             yield fit, whole[k + 1:]
+
+
+def _fitting(schedule: Schedule, topology: Topology, target: str, fuse: bool, progress: Callable[[str], None],
+             **options) -> Fit:
+    """:func:`~backends.msccl.fit.fit_lowering`, announced."""
+    merging = "" if options.get("most_cnt") == 1 else ", merging steps if it must"
+    progress(f"    fitting the {'fused' if fuse else 'plain'} lowering to the {target} runtime's limits "
+             f"({len(schedule.transfers)} transfers{merging})")
+    return fit_lowering(schedule, topology, target, fuse, **options)
+
+
+def _steps(program: MscclProgram) -> int:
+    return sum(len(tb.steps) for gpu in program.gpus for tb in gpu.tbs)
 
 
 def _in_link_order(schedule: Schedule, topology: Topology, target: str, timed: list, plan_us: float | None,
@@ -352,6 +378,16 @@ def emit_first_accepted(schedules: Sequence[Schedule], topology: Topology, targe
 
 def _check_collective_known(schedule: Schedule, target: str) -> None:
     check_target_knows(schedule.collective.name, target)
+    check_target_holds(schedule.collective.num_ranks, target)
+
+
+def check_target_holds(num_ranks: int, target: str) -> None:
+    """Refuse, before any work, more GPUs than the runtimes' XML reader holds in one algorithm
+    (:data:`~backends.msccl.limits.MAX_XML_CHILDREN`)."""
+    if num_ranks > MAX_XML_CHILDREN:
+        raise BackendError(f"{num_ranks} GPUs: the {target} runtime's XML reader holds at most {MAX_XML_CHILDREN} "
+                           "<gpu> elements in an <algo> (MAX_SUBS; more overwrite its memory), so no MSCCL file "
+                           "for this machine can load")
 
 
 def check_target_knows(name: str, target: str) -> None:

@@ -541,6 +541,8 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
     check_applicable(topology, collective)
     nodes = node_trees(topology)
     plans = hierarchy_plans(topology, collective, size_bytes, target, pieces)
+    progress(f"  hierarchy: composing {len(plans)} plan(s) of one rail and one node over {topology.num_nodes} x "
+             f"{topology.gpus_per_node} GPUs ({', '.join(p.label(collective) for p in plans)}), each replayed")
     if executor is None:
         results = (_compose_and_replay(topology, collective, p, size_bytes, root, nodes) for p in plans)
     else:

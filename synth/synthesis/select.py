@@ -136,12 +136,9 @@ def tree_candidates(request: SynthesisRequest, progress: Progress = _quiet, fall
                     ) -> list[Candidate]:
     """Tree-packing schedules (:mod:`synth.synthesis.trees`): its own chunk count, and (``fallbacks``) fewer
     chunks that fit (:func:`tree_fallback_candidates`)."""
-    from synth.synthesis.trees import pipeline_chunks
-
     if request.chunks:
         return [_tree_candidate(request, request.chunks, progress)]
-    own = _tree_candidate(request, pipeline_chunks(request.topology, request.collective, request.size_bytes,
-                                                   request.root), progress)
+    own = _tree_candidate(request, None, progress)    # its pipelining's count, halved until the runtime holds it
     return [own] + (tree_fallback_candidates(request, own, progress) if fallbacks else [])
 
 
@@ -153,7 +150,7 @@ def tree_fallback_candidates(request: SynthesisRequest, own: Candidate, progress
     return [_tree_candidate(request, c, progress) for c in TREE_CHUNK_OPTIONS if c < own_chunks]
 
 
-def _tree_candidate(request: SynthesisRequest, chunks: int, progress: Progress) -> Candidate:
+def _tree_candidate(request: SynthesisRequest, chunks: int | None, progress: Progress) -> Candidate:
     from synth.synthesis.trees import synthesize_trees
 
     tree = synthesize_trees(request.topology, request.collective, request.size_bytes, request.root,

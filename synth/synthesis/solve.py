@@ -36,7 +36,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from backends.msccl.lowering import DEFAULT_MAX_BYTES
-from backends.msccl.writer import EmittedXml, check_target_knows, emit_verified_xml, schedule_floor_us
+from backends.msccl.writer import (EmittedXml, check_target_holds, check_target_knows, emit_verified_xml,
+                                   schedule_floor_us)
 from synth.errors import BackendError, InputError, VerificationError
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.solver.deadline import Deadline
@@ -134,6 +135,7 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     True
     """
     check_target_knows(request.collective, request.target)     # before any search
+    check_target_holds(request.topology.num_ranks, request.target)
     candidates = [c for c in verified_candidates(request, progress, tree_fallbacks=False)
                   if c.result.status != Status.BASELINE]
     baselines = _runnable_baselines(request)
@@ -285,7 +287,7 @@ class _Writer:
         return functools.partial(emit_verified_xml, candidate.result.schedule, request.topology, request.target,
                                  request.size_bytes, proto=xml.proto, min_bytes=xml.min_bytes,
                                  max_bytes=xml.max_bytes, deadline=request.deadline if same_clock else None,
-                                 plan_us=candidate.report.time_us)
+                                 plan_us=candidate.report.time_us, **({"progress": self.progress} if here else {}))
 
     def ahead(self, upcoming: list[Candidate]) -> None:
         """Keep up to ``slots`` writes in flight, taken from ``upcoming`` in its order."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from backends.msccl.limits import MAX_XML_ELEMENTS, xml_elements
 from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.errors import InputError
 from synth.formulations.trees import REVERSAL_OF, Commodity, Packing, broadcast_commodities, decompose, solve_packing
@@ -167,7 +168,8 @@ def synthesize_trees(topology: Topology, collective_name: str, size_bytes: float
         result = _solve(topology, name, size_bytes, root, milp_options, c, target)
         if result is None and (chunks or c == 1):
             raise InputError("--chunks", "", f"{c} chunks per rank put more messages on a connection than "
-                             f"{MAX_CHANNELS} channels of {STEPS_PER_TB[target]} steps hold; use fewer")
+                             f"{MAX_CHANNELS} channels of {STEPS_PER_TB[target]} steps hold, or more steps on a "
+                             f"rank than the runtimes' XML reader holds ({MAX_XML_ELEMENTS} elements); use fewer")
         c //= 2
     schedule = result.schedule
     notes = dict(schedule.notes)
@@ -196,12 +198,45 @@ def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float,
     return c
 
 
+def rank_elements(schedule: Schedule) -> int:
+    """The XML elements the busiest rank's load counts (:func:`backends.msccl.limits.xml_elements`) in the plain
+    lowering: a step per message end (a send, a receive), a threadblock per send or receive peer at least.
+
+    The runtimes' XML reader holds :data:`~backends.msccl.limits.MAX_XML_ELEMENTS` per rank, so a finer packing
+    cannot load as planned: dgx1 Broadcast 1 GB with 2048 chunks per rank needs some 4,100 steps on a relay, and
+    its files either merged chunks in pairs (96.6% of the limit, simulated; 1024 chunks: 98.3%) or, for Reduce,
+    did not fit at all after a minute of trying. Fused steps (``rcs``) save a step per forward, but their chains
+    break the 64 steps per threadblock there.
+
+    >>> from synth.model.collectives import make_collective
+    >>> from synth.schedule.ir import Transfer
+    >>> ring = Schedule(make_collective("allgather", 3, 1), "ring-3",
+    ...                 (Transfer(0, 0, 1, 0), Transfer(0, 1, 2, 1), Transfer(1, 1, 2, 0), Transfer(1, 2, 0, 1),
+    ...                  Transfer(2, 2, 0, 0), Transfer(2, 0, 1, 1)), 2)
+    >>> rank_elements(ring)      # the algo, 3 gpus, 1 tb, 2 receives and 2 sends
+    9
+    """
+    ends = Counter()
+    send_peers, receive_peers = Counter(), Counter()
+    for t in schedule.transfers:
+        ends[t.src] += 1
+        ends[t.dst] += 1
+    for src, dst in {(t.src, t.dst) for t in schedule.transfers}:
+        send_peers[src] += 1
+        receive_peers[dst] += 1
+    ranks = schedule.collective.num_ranks
+    return max(xml_elements(ranks, max(send_peers[r], receive_peers[r]), ends[r]) for r in range(ranks))
+
+
 def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesResult | None:
     """The verified schedule with ``chunks`` per rank, or None when a connection would carry more messages than
-    the target's threadblocks can hold over all channels."""
+    the target's threadblocks can hold over all channels, or a rank more elements than the runtimes' XML reader
+    holds (:func:`rank_elements`)."""
     schedule, phases = _schedule(CollectiveProblem(topology, name, root, chunks), size_bytes, options, {})
     per_connection = Counter((t.src, t.dst) for t in schedule.transfers)
     if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
+        return None
+    if rank_elements(schedule) > MAX_XML_ELEMENTS:
         return None
     report = verify(schedule, topology, size_bytes)
     chunk_bytes = phases[0].chunk_bytes
