@@ -186,9 +186,12 @@ def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float,
     bound = lower_bound(name, topology, size_bytes, root=root)
     slowest = min(link.capacity_GBps for link in topology.links) * BYTES_PER_US_PER_GBPS
     hops = topology.num_ranks - 1 if name in ("broadcast", "reduce") else bound.hops   # chains, see _pack
+    # the buffer holds ``per_chunk * c`` chunks for ``c`` per rank (making the collective for each ``c`` cost a
+    # tenth of a tree solve)
+    per_chunk = make_collective(name, topology.num_ranks, 1, root).size_chunks
     c = 1
     while c < MAX_CHUNKS:
-        chunk_bytes = make_collective(name, topology.num_ranks, c, root).chunk_bytes(size_bytes)
+        chunk_bytes = size_bytes / (per_chunk * c)
         if hops * chunk_bytes / slowest <= PIPELINE_SHARE * bound.bandwidth_us:
             break
         c *= 2
