@@ -44,13 +44,14 @@ def test_a_write_after_reads_waits_for_the_readers_only(dgx1):
 
 @pytest.fixture(scope="module")
 def long_chain():
-    """A Broadcast pipelined in 2048 pieces down the chain 0 -> 1 -> 2 -> 3 of ring-4: 2048 messages per
-    connection, 32 channels of 64 steps exactly."""
+    """A Broadcast pipelined in 2000 pieces down the chain 0 -> 1 -> 2 -> 3 of ring-4: 2000 messages per
+    connection need all 32 channels (63 steps; 31 channels hold 1984), and a relay's 4000 steps, 64 threadblocks,
+    4 gpus and the algo are 4069 of the 4095 XML elements a rank's load holds (2048 pieces would be 4165)."""
     from synth.model.collectives import make_collective
     from synth.schedule.ir import Schedule, Transfer
 
-    chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(2048) for r in range(3))
-    return Schedule(make_collective("broadcast", 4, 2048, 0), "ring-4", chain, 2050), load_topology("ring-4")
+    chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(2000) for r in range(3))
+    return Schedule(make_collective("broadcast", 4, 2000, 0), "ring-4", chain, 2002), load_topology("ring-4")
 
 
 def test_the_fit_takes_every_channel_before_merging_steps(long_chain):
@@ -63,7 +64,7 @@ def test_the_fit_takes_every_channel_before_merging_steps(long_chain):
 
 
 def test_a_merged_fused_lowering_does_not_win_ties_over_an_unmerged_one(long_chain):
-    # fused chains leave channel 0 to plain steps, so 2048 pieces need cnt <= 2 there; plain fits unmerged
+    # fused chains leave channel 0 to plain steps, so 2000 pieces need cnt <= 2 there; plain fits unmerged
     from backends.msccl.writer import emit_verified_xml
 
     schedule, ring4 = long_chain
