@@ -62,6 +62,22 @@ def test_baseline_xml_output(tmp_path):
     assert xml.read_text().startswith("<algo ")
 
 
+def test_baseline_with_xml_reports_the_simulated_file(tmp_path):
+    """With -o the figure is the written file as the runtime would run it; the replay stays as plan_time_us.
+    dgx1's double binary tree replays at 38.19 us and its file simulates at 34.35 us."""
+    from backends.msccl.parse import load_msccl_xml
+    from backends.msccl.simulate import simulate_program
+    xml = tmp_path / "ar.xml"
+    r = run("baseline", "double-binary-tree", "allreduce", "-t", "dgx1", "--size", "1MB", "--json", "-o", str(xml))
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    [program] = load_msccl_xml(xml)
+    simulated = simulate_program(program, load_topology("dgx1"), 1 << 20).time_us
+    assert out["timed_by"] == "simulated file" and out["time_us"] == pytest.approx(simulated)
+    assert out["plan_time_us"] > out["time_us"] * 1.05     # the replay differs: the test tells the two apart
+    assert out["fraction_of_limit"] == pytest.approx(out["limit_us"] / simulated)
+
+
 @pytest.mark.parametrize("target", ["executor", "legacy"])
 def test_baseline_xml_is_lowered_with_the_topology_and_passes_check(tmp_path, target):
     """The file is the verified writer's: switch-port order kept (lowered without the topology it simulated 1.85x

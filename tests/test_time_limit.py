@@ -180,24 +180,52 @@ def test_hierarchy_stops_composing_at_the_deadline_and_counts_its_sub_problems()
     assert messages[1] == f"  time limit reached: {total - 1} composition(s) not tried"
 
 
-def test_when_time_runs_out_while_writing_a_baseline_is_still_written(monkeypatch):
-    """The deadline passes during the first write (a synthesized plan): a baseline (the smallest program) is
-    written too, so the file is never slower than what the runtime would run; the other candidates are left."""
+def _first_write_takes_the_budget(monkeypatch, clock, first_simulates_slower: float = 1.0):
+    """Every file takes longer to write than the whole budget; the first file simulates ``first_simulates_slower``
+    times its real simulated time (a plan whose file runs slower than its replay)."""
+    import dataclasses
     import synth.synthesis.solve as solve_module
 
-    clock = ManualClock()
     real_emit = solve_module.emit_verified_xml
+    calls = []
 
     def slow_emit(*args, **kwargs):
-        clock.now += 10_000                 # every write takes longer than the whole budget
-        return real_emit(*args, **kwargs)
+        clock.now += 10_000
+        emitted = real_emit(*args, **kwargs)
+        calls.append(emitted)
+        factor = first_simulates_slower if len(calls) == 1 else 1.0
+        return dataclasses.replace(emitted, simulated_us=emitted.simulated_us * factor)
 
     monkeypatch.setattr(solve_module, "emit_verified_xml", slow_emit)
+
+
+def test_when_time_runs_out_a_baseline_replaying_faster_is_still_written(monkeypatch):
+    """The deadline passes during the first write, and that file simulates slower than a baseline replays: the
+    baseline (the smallest such program) is written too, so the file is never slower than what the runtime would
+    run; the other candidates are left."""
+    clock = ManualClock()
+    _first_write_takes_the_budget(monkeypatch, clock, first_simulates_slower=3.0)
     messages = []
     solution = solve(SynthesisRequest(load_topology("fully-connected-4"), "allgather", 1 << 20,
                                       deadline=Deadline.after(3600.0, clock)), progress=messages.append)
     writes = [m for m in messages if m.startswith("  writing ")]
     assert solution.time_limited and len(writes) == 2
     assert not writes[0].startswith("  writing baseline/") and writes[1].startswith("  writing baseline/")
-    assert solution.baseline is not None and solution.report()["speedup_vs_baseline"] >= 1.0
+    assert solution.baseline is not None and solution.chosen is solution.baseline
     assert any(m.endswith("not written (a baseline still is)") for m in messages)
+
+
+def test_when_time_runs_out_no_baseline_is_written_that_cannot_win(monkeypatch):
+    """The deadline passes during the first write, and no baseline replays faster than that file: the command
+    ends there (the time limit bounds it); the report compares with the fastest baseline's replay."""
+    clock = ManualClock()
+    _first_write_takes_the_budget(monkeypatch, clock)
+    messages = []
+    solution = solve(SynthesisRequest(load_topology("fully-connected-4"), "allgather", 1 << 20,
+                                      deadline=Deadline.after(3600.0, clock)), progress=messages.append)
+    writes = [m for m in messages if m.startswith("  writing ")]
+    assert solution.time_limited and len(writes) == 1 and not writes[0].startswith("  writing baseline/")
+    assert solution.baseline is None
+    fastest_replay = min(r.report.time_us for r in solution.request.baselines.runs if r.runnable)
+    assert solution.chosen.simulated_us <= fastest_replay * (1 + 1e-9)
+    assert solution.report()["speedup_vs_baseline"] >= 1.0
