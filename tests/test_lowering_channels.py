@@ -44,32 +44,35 @@ def test_a_write_after_reads_waits_for_the_readers_only(dgx1):
 
 @pytest.fixture(scope="module")
 def long_chain():
-    """A Broadcast pipelined in 2000 pieces down the chain 0 -> 1 -> 2 -> 3 of ring-4: 2000 messages per
-    connection need all 32 channels (63 steps; 31 channels hold 1984), and a relay's 4000 steps, 64 threadblocks,
-    4 gpus and the algo are 4069 of the 4095 XML elements a rank's load holds (2048 pieces would be 4165)."""
+    """A Broadcast pipelined in 1024 pieces down the chain 0 -> 1 -> 2 -> 3 of ring-4: 1024 messages per
+    connection, 16 channels of 64 steps exactly (2048 pieces, 32 channels, would put 4096 steps on a relay, more
+    than the runtimes' XML reader holds)."""
     from synth.model.collectives import make_collective
     from synth.schedule.ir import Schedule, Transfer
 
-    chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(2000) for r in range(3))
-    return Schedule(make_collective("broadcast", 4, 2000, 0), "ring-4", chain, 2002), load_topology("ring-4")
+    chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(1024) for r in range(3))
+    return Schedule(make_collective("broadcast", 4, 1024, 0), "ring-4", chain, 1026), load_topology("ring-4")
 
 
 def test_the_fit_takes_every_channel_before_merging_steps(long_chain):
-    # from 31 channels (67 steps) the search went to 32 channels with cnt <= 2, never trying 32 unmerged
+    # with 2048 pieces, from 31 channels (67 steps) the search went to 32 channels with cnt <= 2, never trying 32
+    # unmerged
     from backends.msccl.fit import Lowering, fit_lowering
 
     schedule, ring4 = long_chain
     fit = fit_lowering(schedule, ring4, "executor", fuse=False)
-    assert fit.fits and fit.lowering == Lowering(False, 32, 1, balanced=True)
+    assert fit.fits and fit.lowering == Lowering(False, 16, 1, balanced=True)
 
 
-def test_a_merged_fused_lowering_does_not_win_ties_over_an_unmerged_one(long_chain):
-    # fused chains leave channel 0 to plain steps, so 2000 pieces need cnt <= 2 there; plain fits unmerged
-    from backends.msccl.writer import emit_verified_xml
+def test_a_merged_fused_lowering_does_not_win_ties_over_an_unmerged_one():
+    # dgx2 Broadcast 1 GB: fused with cnt <= 2 simulated 0.7% slower than plain with cnt = 1 and was chosen; only
+    # an unmerged fused lowering wins ties (within TIE), a merged one is ranked by its time as the plain ones are
+    from backends.msccl.fit import Lowering
+    from backends.msccl.writer import TIE, _sort_key
 
-    schedule, ring4 = long_chain
-    emitted = emit_verified_xml(schedule, ring4, "executor", GB)
-    assert (emitted.lowering.fuse, emitted.lowering.max_cnt) == (False, 1)
+    plain, fused, merged_fused = Lowering(False, 4, 1), Lowering(True, 4, 1), Lowering(True, 4, 2)
+    assert _sort_key(100.0, plain) < _sort_key(100.0 * (1 + TIE / 2), merged_fused)
+    assert _sort_key(100.0 * (1 + TIE / 2), fused) < _sort_key(100.0, plain)
 
 
 def test_balanced_channels_divide_a_connection_whose_chunks_share_a_stride():
@@ -88,3 +91,36 @@ def test_balanced_channels_divide_a_connection_whose_chunks_share_a_stride():
 
     assert steps_per_send_tb(False) == [8]
     assert steps_per_send_tb(True) == [4, 4]
+
+
+def test_in_link_order_keeps_own_data_behind_the_partial_sums_it_was_planned_after(dgx1):
+    # Reduce on 4 channels: a rank's own-data sends (ready at once) overtook, on another channel of the same
+    # connection, the partial sums planned before them, and the file ran 8% slower than planned; waiting for the
+    # connection's previous message (no nop: only sends that wait for nothing else) it runs as planned (0.03%)
+    schedule = synthesize_trees(dgx1, "reduce", GB, chunks=128).schedule
+    planned = max(t.end_us for t in schedule.transfers)
+    loose = lower_to_msccl(schedule, topology=dgx1, fuse=False, channels=4, balance=True)
+    ordered = lower_to_msccl(schedule, topology=dgx1, fuse=False, channels=4, balance=True, in_link_order=True)
+    assert simulate_program(loose, dgx1, GB).time_us > 1.05 * planned
+    assert simulate_program(ordered, dgx1, GB).time_us <= planned * (1 + 1e-3)
+    steps = lambda program: sum(len(tb.steps) for g in program.gpus for tb in g.tbs)   # noqa: E731
+    assert steps(ordered) == steps(loose)
+    assert check_text(render_msccl_xml(ordered), "<reduce>", "executor").errors() == []
+
+
+def test_a_lowering_over_the_sms_stops_with_the_threadblocks_it_would_have(long_chain):
+    from backends.msccl.fit import fit_lowering
+    from backends.msccl.lowering import OverBudget
+
+    schedule, ring4 = long_chain
+    whole = lower_to_msccl(schedule, topology=ring4, fuse=True, channels=4)
+    most = max(len(g.tbs) for g in whole.gpus)
+    stopped = lower_to_msccl(schedule, topology=ring4, fuse=True, channels=4, tb_budget=most - 1)
+    assert isinstance(stopped, OverBudget) and stopped.threadblocks == most
+    assert lower_to_msccl(schedule, topology=ring4, fuse=True, channels=4, tb_budget=most) == whole
+    # the fit search words it as the verdict does
+    from dataclasses import replace
+    fit = fit_lowering(schedule, replace(ring4, sms_per_gpu=2), fuse=True, most_cnt=1)
+    assert not fit.fits and fit.program is None
+    assert fit.reason() == (f"error: tbs-per-gpu: gpu {fit.broken[0].gpu}: {fit.tbs_per_gpu} threadblocks; all must "
+                            "be co-resident (one per SM) and the GPU has 2 SMs, so at most 2 (both runtimes)")

@@ -79,8 +79,22 @@ def test_dgx1_broadcast_trees_take_turns_on_the_root_links():
     # one root: chunks are booked by slack against their progress through their tree, so shallow trees sharing
     # a root link with deep ones are not starved (longest-path-first left half the links idle: 66% of the limit)
     topo = load_topology("dgx1")
-    result = synthesize_trees(topo, "broadcast", 1 << 30, chunks=2048)
-    assert result.replay_us <= result.fractional_us / 0.99
+    result = synthesize_trees(topo, "broadcast", 1 << 30, chunks=1024)
+    assert result.replay_us <= result.fractional_us / 0.98
+
+
+def test_packings_finer_than_the_runtimes_xml_reader_holds_are_not_made():
+    """dgx1 Broadcast 1 GB: its pipelining asks for 2048 chunks per rank, whose plain lowering needs more steps on
+    a relay than a rank's load of the file holds (4095 elements); 1024 is made instead, and asking for 2048 is
+    refused, naming the reader."""
+    from backends.msccl.limits import MAX_XML_ELEMENTS
+    from synth.synthesis.trees import pipeline_chunks, rank_elements
+    topo = load_topology("dgx1")
+    assert pipeline_chunks(topo, "broadcast", GB) == 2048
+    result = synthesize_trees(topo, "broadcast", GB)
+    assert result.chunks_per_rank == 1024 and rank_elements(result.schedule) <= MAX_XML_ELEMENTS
+    with pytest.raises(InputError, match=r"more steps on a rank than the runtimes' XML reader holds \(4095"):
+        synthesize_trees(topo, "broadcast", GB, chunks=2048)
 
 
 @pytest.mark.parametrize("name", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather",
@@ -122,3 +136,31 @@ def test_auto_skips_the_slower_searches_when_trees_reach_the_limit():
     assert any("step and alpha-beta searches skipped" in line for line in heard)
     assert {c.label.split("/")[0] for c in found} <= {"trees", "baseline"}
     assert any(c.label.startswith("trees/") for c in found)
+
+
+def test_packing_milps_on_one_node_stop_by_nodes_not_by_the_clock(monkeypatch):
+    # a 2 s wall-clock limit on a loaded machine once cut dgx1 Allreduce's MILP short (98.9% of the limit instead
+    # of 99.4%): on one node the budget is branch-and-bound nodes, the same on any machine
+    import synth.formulations.trees as formulation
+    from synth.solver.highs import SolverOptions
+    from synth.synthesis import trees
+
+    seen = []
+    solve = formulation.solve_model
+    monkeypatch.setattr(formulation, "solve_model", lambda model, options, initial=None: (
+        seen.append(options), solve(model, options, initial))[1])
+    synthesize_trees(load_topology("dgx1"), "allgather", GB, options=SolverOptions(time_limit_s=30), chunks=16)
+    assert seen and all(o.node_limit == trees.MILP_NODES and o.time_limit_s == 30 for o in seen)
+
+
+def test_reduce_is_the_exact_time_reversal_of_its_broadcast():
+    # booked forward in the reversal's order, dgx1 Reduce 1 GB replayed at 98.9% of the limit, the Broadcast at
+    # 99.05%; reversed exactly it takes the Broadcast's time (the writer keeps each connection's order)
+    from synth.model.topology import reverse_topology
+
+    dgx1 = load_topology("dgx1")
+    reduce = synthesize_trees(dgx1, "reduce", GB, chunks=64)
+    broadcast = synthesize_trees(reverse_topology(dgx1), "broadcast", GB, chunks=64)
+    assert reduce.replay_us == pytest.approx(broadcast.replay_us, rel=1e-12)
+    assert sorted((t.chunk, t.dst, t.src) for t in reduce.schedule.transfers) == sorted(
+        (t.chunk, t.src, t.dst) for t in broadcast.schedule.transfers)

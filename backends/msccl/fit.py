@@ -25,12 +25,12 @@ from math import ceil
 from typing import Iterator
 
 from backends.msccl.findings import Finding
-from backends.msccl.ir import MscclProgram
+from backends.msccl.ir import Gpu, MscclProgram, Threadblock
 from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_PER_CHANNEL_DIRECTION,
                                    connection_findings, max_steps, nchannels_findings, ngpus_findings,
                                    step_limit_findings, tb_limit_findings, tbs_per_gpu_findings,
                                    xml_elements_findings)
-from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, lower_to_msccl
+from backends.msccl.lowering import DEFAULT_MAX_BYTES, OverBudget, PlannedOps, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
 from synth.errors import BackendError
 from synth.model.topology import Topology
@@ -45,7 +45,9 @@ class Lowering:
     """How a schedule is lowered: fused ``rcs``/``rrs`` chains or plain sends and receives, the channels each
     connection is cut into, and the most chunks one merged step carries (1: no merging). ``balanced``: the
     channels cut each connection by its messages' positions, so they divide its steps evenly (the fit search's
-    cuts: its arithmetic assumes that), rather than by chunk (:func:`~backends.msccl.lowering.spread_index`)."""
+    cuts: its arithmetic assumes that), rather than by chunk (:func:`~backends.msccl.lowering.spread_index`).
+    ``in_link_order``: a connection's messages leave in the schedule's order across its channels
+    (:func:`~backends.msccl.lowering._order_connections`)."""
 
     fuse: bool
     channels: int = 1
@@ -53,21 +55,24 @@ class Lowering:
     strict_merge: bool = False
     per_message: bool = False
     balanced: bool = False
+    in_link_order: bool = False
 
     @property
     def label(self) -> str:
         extra = [f"{self.channels} channels"] if self.channels > 1 else []
         extra += [f"cnt <= {self.max_cnt}"] if self.max_cnt > 1 else []
         extra += ["whole messages"] if self.per_message else []
+        extra += ["in link order"] if self.in_link_order else []
         return ("fused" if self.fuse else "plain") + (f" ({', '.join(extra)})" if extra else "")
 
 
 @dataclass(frozen=True)
 class Fit:
-    """A lowered program and the runtime limits it breaks (none: it fits)."""
+    """A lowered program and the runtime limits it breaks (none: it fits). ``program`` is None for a lowering
+    stopped once it had more threadblocks than the GPU's SMs (:func:`fit_lowering`; ``steps_per_tb`` 0)."""
 
     lowering: Lowering
-    program: MscclProgram
+    program: MscclProgram | None
     tbs_per_gpu: int
     steps_per_tb: int
     broken: tuple[Finding, ...]
@@ -102,14 +107,23 @@ class FitPlan:
 
 def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: Lowering, *, proto: str = "Simple",
                  name: str | None = None, min_bytes: int = 0, max_bytes: int = DEFAULT_MAX_BYTES,
-                 planned: PlannedOps | None = None) -> MscclProgram:
+                 planned: PlannedOps | None = None, tb_budget: int | None = None) -> MscclProgram | OverBudget:
     """The schedule lowered as ``lowering`` says (channels, then merged steps); ``planned`` keeps the per-rank ops
-    between lowerings of the one schedule (:class:`~backends.msccl.lowering.PlannedOps`)."""
+    between lowerings of the one schedule (:class:`~backends.msccl.lowering.PlannedOps`); ``tb_budget`` as in
+    :func:`~backends.msccl.lowering.lower_to_msccl`."""
     program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
                              channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
                              max_bytes=max_bytes, planned=planned, per_message=lowering.per_message,
-                             balance=lowering.balanced)
+                             balance=lowering.balanced, in_link_order=lowering.in_link_order, tb_budget=tb_budget)
+    if isinstance(program, OverBudget):
+        return program
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
+
+
+def _over_budget(over: OverBudget, lowering: Lowering, sms: int) -> Fit:
+    """The fit of a lowering stopped for its threadblocks: the verdict's own words for the SM limit."""
+    gpu = Gpu(over.gpu, 0, 0, 0, tuple(Threadblock(k, -1, -1, 0, ()) for k in range(over.threadblocks)))
+    return Fit(lowering, None, over.threadblocks, 0, tuple(tbs_per_gpu_findings(gpu, sms)))
 
 
 def measure(program: MscclProgram, lowering: Lowering, target: str, sms: int | None) -> Fit:
@@ -173,7 +187,11 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         # cuts made to bound the steps divide them evenly (one channel: nothing to cut)
         lowering = Lowering(fuse, channels, max_cnt, strict_merge, balanced=channels > 1)
         before = set(planned.programs) if planned is not None else set()
-        fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target, sms)
+        # a fused lowering stops once it has more threadblocks than SMs: steps and dependencies are not written
+        program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms if fuse else None,
+                               **program_options)
+        fit = _over_budget(program, lowering, sms) if isinstance(program, OverBudget) else measure(
+            program, lowering, target, sms)
         if fit.fits:
             return fit
         if planned is not None:

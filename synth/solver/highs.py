@@ -73,9 +73,10 @@ class SolverOptions:
     """HiGHS settings of one command.
 
     ``time_limit_s`` bounds each solver call; ``deadline`` bounds the command, so a call gets at most the time
-    left (:mod:`synth.solver.deadline`). ``progress`` receives the MIP's incumbent, dual bound and gap every
-    :data:`MIP_PROGRESS_INTERVAL_S` seconds of a long solve (None: silent); it must be picklable where options
-    travel to worker processes.
+    left (:mod:`synth.solver.deadline`). ``node_limit`` bounds a MIP's branch-and-bound nodes: a budget that, unlike
+    the wall clock, gives the same answer however loaded the machine is. ``progress`` receives the MIP's incumbent,
+    dual bound and gap every :data:`MIP_PROGRESS_INTERVAL_S` seconds of a long solve (None: silent); it must be
+    picklable where options travel to worker processes.
     """
 
     time_limit_s: float = 60.0
@@ -83,6 +84,7 @@ class SolverOptions:
     threads: int | None = None
     seed: int = 0
     verbose: bool = False
+    node_limit: int | None = None
     deadline: Deadline = UNBOUNDED
     progress: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
@@ -189,6 +191,8 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
     h.setOptionValue("random_seed", int(options.seed))
     if options.threads:
         h.setOptionValue("threads", int(options.threads))
+    if options.node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(options.node_limit))
     lp = highspy.HighsLp()
     lp.num_col_ = model.num_cols
     lp.num_row_ = model.num_rows

@@ -125,10 +125,12 @@ TREES_AT_LIMIT = 0.01
 
 
 def _at_the_limit(request: SynthesisRequest, found: list[Candidate]) -> bool:
-    """Whether a runnable tree-packing or Alltoall path candidate replays within :data:`TREES_AT_LIMIT` of the
-    physical limit."""
+    """Whether a runnable tree-packing, Alltoall path or rooted composition candidate replays within
+    :data:`TREES_AT_LIMIT` of the physical limit."""
+    from synth.synthesis.rooted import LABEL as ROOTED_LABEL
+
     limit = request.bound.limit_us
-    return any(c.label.startswith((TREES_LABEL, PATHS_LABEL)) and c.result.schedule.collective.runs_at_power_of_two_sizes
+    return any(c.label.startswith((TREES_LABEL, PATHS_LABEL, ROOTED_LABEL)) and c.result.schedule.collective.runs_at_power_of_two_sizes
                and c.report.time_us <= limit * (1 + TREES_AT_LIMIT) for c in found)
 
 
@@ -136,12 +138,9 @@ def tree_candidates(request: SynthesisRequest, progress: Progress = _quiet, fall
                     ) -> list[Candidate]:
     """Tree-packing schedules (:mod:`synth.synthesis.trees`): its own chunk count, and (``fallbacks``) fewer
     chunks that fit (:func:`tree_fallback_candidates`)."""
-    from synth.synthesis.trees import pipeline_chunks
-
     if request.chunks:
         return [_tree_candidate(request, request.chunks, progress)]
-    own = _tree_candidate(request, pipeline_chunks(request.topology, request.collective, request.size_bytes,
-                                                   request.root), progress)
+    own = _tree_candidate(request, None, progress)    # its pipelining's count, halved until the runtime holds it
     return [own] + (tree_fallback_candidates(request, own, progress) if fallbacks else [])
 
 
@@ -153,7 +152,7 @@ def tree_fallback_candidates(request: SynthesisRequest, own: Candidate, progress
     return [_tree_candidate(request, c, progress) for c in TREE_CHUNK_OPTIONS if c < own_chunks]
 
 
-def _tree_candidate(request: SynthesisRequest, chunks: int, progress: Progress) -> Candidate:
+def _tree_candidate(request: SynthesisRequest, chunks: int | None, progress: Progress) -> Candidate:
     from synth.synthesis.trees import synthesize_trees
 
     tree = synthesize_trees(request.topology, request.collective, request.size_bytes, request.root,
@@ -167,9 +166,13 @@ def _tree_candidate(request: SynthesisRequest, chunks: int, progress: Progress) 
 
 
 def hierarchy_applies(request: SynthesisRequest) -> bool:
-    """Whether the hierarchical decomposition covers the request (several nodes joined rail by rail)."""
+    """Whether the hierarchical decomposition covers the request (several nodes joined rail by rail; Broadcast and
+    Reduce by the rooted composition, :mod:`synth.synthesis.rooted`)."""
+    from synth.synthesis import rooted
     from synth.synthesis.hierarchy import check_applicable
 
+    if rooted.applies(request.topology, request.collective) and request.collective in rooted.SEARCHED_ALONE:
+        return True
     try:
         check_applicable(request.topology, request.collective)
     except InputError:
@@ -178,12 +181,16 @@ def hierarchy_applies(request: SynthesisRequest) -> bool:
 
 
 def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
-    """Compositions of one rail and one node solution (:mod:`synth.synthesis.hierarchy`), each replayed."""
+    """Compositions of one rail and one node solution (:mod:`synth.synthesis.hierarchy`; Broadcast and Reduce:
+    :mod:`synth.synthesis.rooted`), each replayed."""
+    from synth.synthesis import rooted
     from synth.synthesis.hierarchy import synthesize_hierarchy
 
     if request.sketch is not None:
         raise InputError("--sketch", "", "sketches guide the alpha-beta formulations; use --method "
                          "auto|routed|timexp")
+    if rooted.applies(request.topology, request.collective) and request.collective in rooted.SEARCHED_ALONE:
+        return rooted_candidates(request, progress)
     found = []
     for c in synthesize_hierarchy(request.topology, request.collective, request.size_bytes, request.root,
                                   request.target, request.chunks, progress, deadline=request.search_deadline):
@@ -191,6 +198,27 @@ def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet)
         result = SynthesisResult(schedule, Status.FEASIBLE, c.seconds, None, c.symmetry_order, schedule.steps,
                                  None, schedule.collective.chunks_per_rank)
         found.append(Candidate(c.plan.label(request.collective), result, c.report))
+    return found
+
+
+def rooted_applies(request: SynthesisRequest) -> bool:
+    """Whether the rooted composition (:mod:`synth.synthesis.rooted`) covers the request."""
+    from synth.synthesis import rooted
+
+    return rooted.applies(request.topology, request.collective)
+
+
+def rooted_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
+    """Broadcast and Reduce across nodes composed from rails and node spreads (:mod:`synth.synthesis.rooted`)."""
+    from synth.synthesis.rooted import synthesize_rooted
+
+    found = []
+    for c in synthesize_rooted(request.topology, request.collective, request.size_bytes, request.root,
+                               request.target, request.chunks):
+        schedule = c.schedule
+        result = SynthesisResult(schedule, Status.FEASIBLE, c.seconds, None, 1, schedule.steps, None, c.chunks)
+        progress(f"  {c.label}: {c.report.time_us:.2f} us ({len(schedule.transfers)} transfers)")
+        found.append(Candidate(c.label, result, c.report))
     return found
 
 
@@ -244,9 +272,18 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
     hierarchy = method == Method.HIERARCHY or (request.open_choice and request.sketch is None
                                                and hierarchy_applies(request))
     flat = request.open_choice and not (hierarchy and topology.num_ranks > FLAT_SEARCH_MAX_RANKS)
+    # Scatter and Gather across nodes composed first (2 x dgx2 Gather 1 GB: 97% of the limit in seconds, the
+    # alpha-beta search 70% in two minutes); at the limit, the searches below are skipped
+    composed: list[Candidate] = []
+    if request.open_choice and request.sketch is None and not hierarchy and rooted_applies(request):
+        composed = timed_phase("rooted composition", lambda: rooted_candidates(request, progress), request,
+                               progress)
     # tree packing first: when it is already at the limit, the slower searches have nothing left to win (its
     # candidates still come after theirs, so that a tie goes to the smaller step or alpha-beta program)
     trees: list[Candidate] = []
+    if _at_the_limit(request, composed):
+        progress(f"  the rooted composition is within {TREES_AT_LIMIT:.0%} of the limit: other searches skipped")
+        use_steps = hierarchy = flat = False
     if method == Method.TREES or (flat and request.sketch is None and request.collective != "alltoall"):
         trees = timed_phase("tree packing", lambda: tree_candidates(request, progress, tree_fallbacks), request,
                             progress)
@@ -270,7 +307,7 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
         found += timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request, progress)
     if method in (Method.ROUTED, Method.TIMEXP) or flat:
         found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
-    found += trees + paths
+    found += trees + paths + composed
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:

@@ -11,8 +11,9 @@
    (:func:`synth.schedule.replay.verify`).
 
 Reductions use the in-trees of the broadcast-type packing on the reversed topology (ReduceScatter from Allgather,
-Reduce from Broadcast, Gather from Scatter), booked forward in the order of its time reversal; Allreduce is ReduceScatter then Allgather with the
-same chunks per rank.
+Reduce from Broadcast, Gather from Scatter), booked forward in the order of its time reversal (Reduce, with one
+root: the Broadcast's exact time reversal); Allreduce is ReduceScatter then Allgather with the same chunks per
+rank.
 
 ``C`` follows from the size (:func:`pipeline_chunks`: enough chunks that the first chunk's trip is a small share
 of the time), halved while the busiest connection would carry more messages than the target's threadblock steps
@@ -27,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from backends.msccl.limits import MAX_XML_ELEMENTS, xml_elements
 from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.errors import InputError
 from synth.formulations.trees import REVERSAL_OF, Commodity, Packing, broadcast_commodities, decompose, solve_packing
@@ -37,7 +39,7 @@ from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import Schedule
 from synth.schedule.list_scheduler import list_schedule, reverse_in_time
 from synth.schedule.replay import ReplayReport, verify
-from synth.schedule.transforms import CollectiveProblem, reduction_for
+from synth.schedule.transforms import CollectiveProblem, reduction_for, reverse_schedule
 from synth.solver.highs import FEASIBLE, OPTIMAL, SolverOptions
 from synth.synthesis.baselines import find_ring
 
@@ -45,7 +47,8 @@ COLLECTIVES = ("allgather", "reducescatter", "allreduce", "broadcast", "reduce",
 MAX_CHUNKS = 2048
 PIPELINE_SHARE = 0.01               # of the bandwidth bound, for the first chunk's trip (see pipeline_chunks)
 MIP_GAP = 0.002                     # the packing is within 0.2% of the best integer one
-MILP_SECONDS = 2.0                  # per packing MILP; the incumbent (never worse than the start) is used after
+MILP_SECONDS = 2.0                  # per packing MILP on several nodes; the incumbent (never worse than the start)
+MILP_NODES = 2000                   # per packing MILP on one node: a budget the machine's load does not change
 STEPS_PER_TB = {"executor": 64, "legacy": 256}
 MAX_CHANNELS = 32
 
@@ -121,7 +124,11 @@ def synthesize_trees(topology: Topology, collective_name: str, size_bytes: float
     root : int, optional
         Root of rooted collectives (default 0).
     options : SolverOptions
-        HiGHS settings; each packing MILP runs at most ``min(options.time_limit_s, MILP_SECONDS)`` seconds.
+        HiGHS settings. Each packing MILP on one node explores at most :data:`MILP_NODES` branch-and-bound nodes
+        (``options.time_limit_s`` stays a safety valve), so its answer does not depend on the machine's load (dgx1
+        needs at most 331; under a 2 s wall-clock limit a loaded machine once cut dgx1 Allreduce's root LP short,
+        98.9% of the limit instead of 99.4%); on several nodes, whose MILPs do not finish their root within
+        seconds, it runs at most ``min(options.time_limit_s, MILP_SECONDS)`` seconds.
     target : str
         ``executor`` or ``legacy``: its steps-per-threadblock limit caps the chunks per rank.
     chunks : int, optional
@@ -150,7 +157,10 @@ def synthesize_trees(topology: Topology, collective_name: str, size_bytes: float
         raise InputError("--chunks", "", f"chunks per rank must be a power of two, got {chunks}")
     check_connected(topology)
     t0 = time.perf_counter()
-    milp_options = replace(options, time_limit_s=min(options.time_limit_s, MILP_SECONDS),
+    one_node = topology.num_nodes == 1
+    milp_options = replace(options, time_limit_s=options.time_limit_s if one_node else min(options.time_limit_s,
+                                                                                            MILP_SECONDS),
+                           node_limit=MILP_NODES if one_node else options.node_limit,
                            mip_gap=max(options.mip_gap, MIP_GAP))
     c = chunks or pipeline_chunks(topology, name, size_bytes, root)
     result = None
@@ -158,7 +168,8 @@ def synthesize_trees(topology: Topology, collective_name: str, size_bytes: float
         result = _solve(topology, name, size_bytes, root, milp_options, c, target)
         if result is None and (chunks or c == 1):
             raise InputError("--chunks", "", f"{c} chunks per rank put more messages on a connection than "
-                             f"{MAX_CHANNELS} channels of {STEPS_PER_TB[target]} steps hold; use fewer")
+                             f"{MAX_CHANNELS} channels of {STEPS_PER_TB[target]} steps hold, or more steps on a "
+                             f"rank than the runtimes' XML reader holds ({MAX_XML_ELEMENTS} elements); use fewer")
         c //= 2
     schedule = result.schedule
     notes = dict(schedule.notes)
@@ -184,12 +195,45 @@ def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float,
     return c
 
 
+def rank_elements(schedule: Schedule) -> int:
+    """The XML elements the busiest rank's load counts (:func:`backends.msccl.limits.xml_elements`) in the plain
+    lowering: a step per message end (a send, a receive), a threadblock per send or receive peer at least.
+
+    The runtimes' XML reader holds :data:`~backends.msccl.limits.MAX_XML_ELEMENTS` per rank, so a finer packing
+    cannot load as planned: dgx1 Broadcast 1 GB with 2048 chunks per rank needs some 4,100 steps on a relay, and
+    its files either merged chunks in pairs (96.6% of the limit, simulated; 1024 chunks: 98.3%) or, for Reduce,
+    did not fit at all after a minute of trying. Fused steps (``rcs``) save a step per forward, but their chains
+    break the 64 steps per threadblock there.
+
+    >>> from synth.model.collectives import make_collective
+    >>> from synth.schedule.ir import Transfer
+    >>> ring = Schedule(make_collective("allgather", 3, 1), "ring-3",
+    ...                 (Transfer(0, 0, 1, 0), Transfer(0, 1, 2, 1), Transfer(1, 1, 2, 0), Transfer(1, 2, 0, 1),
+    ...                  Transfer(2, 2, 0, 0), Transfer(2, 0, 1, 1)), 2)
+    >>> rank_elements(ring)      # the algo, 3 gpus, 1 tb, 2 receives and 2 sends
+    9
+    """
+    ends = Counter()
+    send_peers, receive_peers = Counter(), Counter()
+    for t in schedule.transfers:
+        ends[t.src] += 1
+        ends[t.dst] += 1
+    for src, dst in {(t.src, t.dst) for t in schedule.transfers}:
+        send_peers[src] += 1
+        receive_peers[dst] += 1
+    ranks = schedule.collective.num_ranks
+    return max(xml_elements(ranks, max(send_peers[r], receive_peers[r]), ends[r]) for r in range(ranks))
+
+
 def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesResult | None:
     """The verified schedule with ``chunks`` per rank, or None when a connection would carry more messages than
-    the target's threadblocks can hold over all channels."""
-    schedule, phases = _schedule(CollectiveProblem(topology, name, root, chunks), size_bytes, options)
+    the target's threadblocks can hold over all channels, or a rank more elements than the runtimes' XML reader
+    holds (:func:`rank_elements`)."""
+    schedule, phases = _schedule(CollectiveProblem(topology, name, root, chunks), size_bytes, options, {})
     per_connection = Counter((t.src, t.dst) for t in schedule.transfers)
     if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
+        return None
+    if rank_elements(schedule) > MAX_XML_ELEMENTS:
         return None
     report = verify(schedule, topology, size_bytes)
     chunk_bytes = phases[0].chunk_bytes
@@ -203,30 +247,37 @@ def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesRe
                        sum(p.num_trees for p in phases), 0.0)
 
 
-def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions) -> tuple[Schedule, list[_Phase]]:
+def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions, packed: dict
+              ) -> tuple[Schedule, list[_Phase]]:
     """The problem's schedule and the packings it is made of. In-tree collectives (ReduceScatter, Reduce, and
     Gather with copies) pack and schedule their broadcast-type dual on the reversed topology, and every chunk
     takes the reversed trees, booked forward in time in the reversal's order
     (:func:`synth.schedule.list_scheduler.reverse_in_time`: the plan sees the order in which partial sums meet
-    and the runtime's FIFOs); Allreduce is made of its parts (:func:`reduction_for`); the others are packed
+    and the runtime's FIFOs; a Reduce, whose partial sums meet in one tree per chunk, is the exact reversal of
+    its Broadcast); Allreduce is made of its parts (:func:`reduction_for`); the others are packed
     directly."""
     chunks = problem.chunks_per_rank
     topology = problem.topology
     if problem.collective in REVERSAL_OF:
         reversed_topology = reverse_topology(topology)
         dual = REVERSAL_OF[problem.collective]
-        phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options)
-        forward = list_schedule(reversed_topology, make_collective(dual, topology.num_ranks, chunks, problem.root),
-                                phase.routes, size_bytes, "trees", fifo_depth=None, **_by_progress(phase))
-        # with one root, least slack first as the forward packing (dgx1 Reduce 1 GB: 98.9% against 98.8%)
-        rule = "deadline" if phase.roots == 1 else "rank"
+        phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options, packed)
+        dual_collective = make_collective(dual, topology.num_ranks, chunks, problem.root)
+        if phase.roots == 1:
+            # one root: the exact time reversal of the Broadcast as the runtime runs it (dgx1 Reduce 1 GB: 99.05%
+            # of the limit, simulated 99.03% with each connection's messages in order; booked forward, 98.9%)
+            forward = list_schedule(reversed_topology, dual_collective, phase.routes, size_bytes, "trees",
+                                    **_by_progress(phase))
+            return reverse_schedule(forward, _collective(problem, chunks), topology.name), [phase]
+        forward = list_schedule(reversed_topology, dual_collective, phase.routes, size_bytes, "trees",
+                                fifo_depth=None, **_by_progress(phase))
         return reverse_in_time(forward, topology, _collective(problem, chunks), size_bytes, "trees",
-                               rule=rule), [phase]
+                               rule="rank"), [phase]
     reduction = reduction_for(problem)
     if reduction is not None:
-        solved = [_schedule(sub, size_bytes, options) for sub in reduction.apply()]
+        solved = [_schedule(sub, size_bytes, options, packed) for sub in reduction.apply()]
         return reduction.invert([s for s, _ in solved]), [p for _, phases in solved for p in phases]
-    phase = _pack(topology, problem.collective, size_bytes, problem.root, chunks, options)
+    phase = _pack(topology, problem.collective, size_bytes, problem.root, chunks, options, packed)
     return list_schedule(topology, _collective(problem, chunks), phase.routes, size_bytes, "trees",
                          **_by_progress(phase)), [phase]
 
@@ -252,12 +303,26 @@ def _collective(problem: CollectiveProblem, chunks: int):
     return make_collective(problem.collective, problem.topology.num_ranks, chunks, problem.root)
 
 
-def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions
-          ) -> _Phase:
-    """Pack, integerize and decompose one broadcast-type collective on ``topology`` into every chunk's out-tree.
+def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions,
+          packed: dict | None = None) -> _Phase:
+    """Pack, integerize and decompose one broadcast-type collective on ``topology`` into every chunk's out-tree;
+    ``packed`` keeps the phases made for one request by their links: an Allreduce's ReduceScatter packs an
+    Allgather on the reversed topology, which on a machine with links both ways is its Allgather's packing again
+    (dgx1: a second MILP and decomposition, 0.6 s).
 
     The fractional optimum is taken from the max-flow bound (equal to the packing LP, which the tests check on
     every built-in topology, and much faster than the LP on a switch's all-pairs links)."""
+    key = (topology.links, topology.switches, name, root, chunks)
+    if packed is not None and key in packed:
+        return packed[key]
+    phase = _pack_once(topology, name, size_bytes, root, chunks, options)
+    if packed is not None:
+        packed[key] = phase
+    return phase
+
+
+def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions
+               ) -> _Phase:
     commodities = broadcast_commodities(name, topology.num_ranks, root)
     group = free_symmetry_group(topology) if name == "allgather" else ()
     coll = make_collective(name, topology.num_ranks, chunks, root)

@@ -1,0 +1,111 @@
+"""Rooted collectives across nodes (synth.synthesis.rooted): trees that reach every rank once, programs that run
+correctly in the executor and simulate near the bound, chosen through the normal candidate path."""
+
+from collections import Counter
+
+import pytest
+
+from backends.msccl.writer import emit_verified_xml
+from synth.bounds.physical import lower_bound
+from synth.model.topology import compose_nodes, load_topology, topology_from_dict
+from synth.schedule.replay import verify
+from synth.synthesis.request import SynthesisRequest
+from synth.synthesis.rooted import RootedRoutes, applies, compose
+from synth.synthesis.select import hierarchy_applies, hierarchy_candidates
+
+GIB = 1 << 30
+
+
+def nvswitch_node(gpus: int) -> dict:
+    """One node of ``gpus`` GPUs on an NVSwitch (450 GB/s per GPU), a 50 GB/s NIC per GPU: a small DGX H100."""
+    return {"format": "synth-topology/1", "name": f"nvswitch-{gpus}", "ranks": gpus, "gpus_per_node": gpus,
+            "switches": [{"name": "nvswitch", "alpha_us": 0.6,
+                          "ports": [{"ranks": [r], "bw_GBps": 450.0} for r in range(gpus)]}],
+            "nics": [{"ranks": [r], "bw_GBps": 50.0, "alpha_us": 2.0} for r in range(gpus)]}
+
+
+@pytest.fixture(scope="module")
+def two_small_nodes():
+    return compose_nodes(topology_from_dict(nvswitch_node(4)), 2)
+
+
+@pytest.mark.parametrize("name,nodes,root", [("dgx-h100", 2, 0), ("dgx-h100", 2, 11), ("dgx2", 2, 5),
+                                             ("ndv2", 2, 3), ("dgx-h100", 3, 9)])
+def test_every_chunk_tree_reaches_every_rank_once_and_the_root_hands_out_each_chunk_once(name, nodes, root):
+    topo = load_topology(name, nodes=nodes)
+    routes = RootedRoutes(topo, root)
+    g = topo.gpus_per_node
+    root_node = range(root - root % g, root - root % g + g)
+    star = routes.nodes.kind == "star"
+    for chunk in range(2 * len(routes.rails) * g):
+        tree = routes.tree(chunk)
+        reached = [v for _, v in tree]
+        assert sorted(reached) == sorted(set(range(topo.num_ranks)) - {root})
+        have = {root}
+        for u, v in tree:      # parents first
+            assert u in have and topo.link(u, v) is not None
+            have.add(v)
+        if star:   # through its switch port the root sends every chunk once
+            assert sum(1 for u, v in tree if u == root and v in root_node) == 1
+
+
+def test_every_nic_carries_the_same_share(two_small_nodes):
+    routes = RootedRoutes(two_small_nodes, 0)
+    crossing = Counter(u for c in range(64) for u, v in routes.tree(c) if u // 4 != v // 4)
+    assert crossing == {u: 16 for u in range(4)}
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+def test_two_nvswitch_nodes_run_correctly_and_simulate_within_6_percent_of_the_bound(two_small_nodes, collective):
+    schedule = compose(two_small_nodes, collective, 64, GIB)
+    plan = verify(schedule, two_small_nodes, GIB)
+    # the verified writer executes the program (postcondition) and times it with the runtime's FIFO depth
+    xml = emit_verified_xml(schedule, two_small_nodes, "executor", GIB, plan_us=plan.time_us)
+    limit = lower_bound(collective, two_small_nodes, GIB, root=0).limit_us
+    assert xml.simulated_us <= limit / 0.94
+    assert abs(xml.simulated_us - plan.time_us) <= 0.03 * xml.simulated_us
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+def test_two_ndv2_nodes_through_one_nic_simulate_within_7_percent_of_the_bound(collective):
+    topo = load_topology("ndv2", nodes=2)
+    schedule = compose(topo, collective, 16, GIB)
+    xml = emit_verified_xml(schedule, topo, "executor", GIB, plan_us=verify(schedule, topo, GIB).time_us)
+    assert xml.simulated_us <= lower_bound(collective, topo, GIB, root=0).limit_us / 0.93
+
+
+def test_rooted_composition_applies_to_rooted_collectives_on_several_nodes_only():
+    assert applies(load_topology("dgx-h100", nodes=2), "bcast")
+    assert applies(load_topology("dgx2-2node-tecc"), "reduce")
+    assert applies(load_topology("dgx2-2node-tecc"), "gather")
+    assert not applies(load_topology("ndv2", nodes=2), "scatter")      # paths need an NVSwitch node
+    assert not applies(load_topology("dgx-h100"), "broadcast")
+    assert not applies(load_topology("dgx-h100", nodes=2), "allgather")
+
+
+@pytest.mark.parametrize("collective,chunks,rule", [("scatter", 8, "tail"), ("gather", 16, "work")])
+def test_scatter_and_gather_use_the_roots_switch_port_and_nic_together_and_simulate_at_the_bound(
+        collective, chunks, rule):
+    # on 2 x dgx-h100 the bound is the root's egress (ingress for Gather): switch port and NIC together
+    topo = load_topology("dgx-h100", nodes=2)
+    schedule = compose(topo, collective, chunks, GIB, rule=rule)
+    root_nic = {(0, v) for v in range(8, 16)} | {(v, 0) for v in range(8, 16)}
+    assert any((t.src, t.dst) in root_nic for t in schedule.transfers)
+    plan = verify(schedule, topo, GIB)
+    xml = emit_verified_xml(schedule, topo, "executor", GIB, plan_us=plan.time_us)
+    assert xml.simulated_us <= lower_bound(collective, topo, GIB, root=0).limit_us / 0.99
+
+
+def test_gather_takes_links_that_exist_where_the_published_model_has_one_way_rails():
+    topo = load_topology("dgx2-2node-tecc")     # odd GPUs reach the other node's even ones only
+    schedule = compose(topo, "gather", 2, GIB, root=4)
+    assert all(topo.link(t.src, t.dst) is not None for t in schedule.transfers)
+    verify(schedule, topo, GIB)
+
+
+def test_auto_takes_rooted_candidates_for_a_two_node_broadcast(two_small_nodes):
+    request = SynthesisRequest(two_small_nodes, "broadcast", 64 << 20)
+    assert hierarchy_applies(request)
+    found = hierarchy_candidates(request)
+    assert found and all(c.label.startswith("rooted/c") for c in found)
+    assert all(c.result.schedule.collective.runs_at_power_of_two_sizes for c in found)
