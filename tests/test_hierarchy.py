@@ -228,3 +228,14 @@ def test_reducescatter_reversed_from_allgather_pipelines_as_the_allgather_does()
     plans = hierarchy_plans(topo, "reducescatter", GB)
     assert {p for p in plans if p.reversal} == {replace(p, reversal=True) for p in plans if not p.reversal}
     assert not any(p.reversal for p in hierarchy_plans(topo, "allgather", GB))
+
+
+def test_the_compositions_are_announced_before_they_are_made():
+    # at 1024 GPUs composing and replaying take minutes: the heartbeat names them instead of "starting"
+    heard = []
+    topology = load_topology("dgx-h100", 4, "rail")
+    found = synthesize_hierarchy(topology, "allgather", 1 << 20, progress=heard.append)
+    labels = ", ".join(p.label("allgather") for p in hierarchy_plans(topology, "allgather", 1 << 20))
+    assert heard[0] == (f"  hierarchy: composing {len(heard) - 1} plan(s) of one rail and one node over 4 x 8 GPUs "
+                        f"({labels}), each replayed")
+    assert len(heard) - 1 >= len(found)

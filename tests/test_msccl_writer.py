@@ -97,6 +97,7 @@ def test_an_expired_deadline_writes_the_first_fitted_variant_verified(monkeypatc
     assert len(calls) == 1 and hurried.lowering.label == "fused"
     assert check_text(hurried.text, "ring.xml", "executor").valid
     assert hurried.simulated_us >= unhurried.simulated_us
+    assert hurried.variants_cut and not unhurried.variants_cut    # solve reports status time-limit
 
 
 def _every_variant(schedule, topology, size):

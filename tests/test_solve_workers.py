@@ -30,9 +30,10 @@ from synth.synthesis.select import Candidate
 
 @dataclass(frozen=True)
 class FakeXml:
-    """What the loop reads of a written file: its simulated time (us)."""
+    """What the loop reads of a written file: its simulated time (us), and whether the deadline cut its variants."""
 
     simulated_us: float
+    variants_cut: bool = False
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ class EmittedXml:
     """Text that passed the verdict for ``target``, with what it was made of.
 
     ``candidate`` is the index of the schedule used (:func:`emit_first_accepted`; 0 otherwise).
+    ``variants_cut``: the deadline stopped the variants early, so a faster file of the schedule may exist.
     """
 
     text: str
@@ -68,6 +69,7 @@ class EmittedXml:
     simulated_us: float | None   # with the runtime's FIFO depth; None without a size
     candidate: int = 0
     lowering: Lowering | None = None
+    variants_cut: bool = False   # the deadline stopped the variants before every one that could win was made
 
 
 class Expiry(Protocol):
@@ -137,7 +139,7 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     floor_us = None     # no program of the schedule simulates faster (computed with the first one)
     timed: list[tuple[tuple, float | None, Fit]] = []    # (sort key, simulated us, fit), not yet judged
     programs: list[MscclProgram] = []                     # every program timed (the same one is not timed twice)
-    exhausted, first_round = False, True
+    exhausted, first_round, cut = False, True, False
     while not exhausted:
         for fit, later in variants:
             if any(fit.program == p for p in programs):
@@ -149,8 +151,9 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
                 progress(f"    simulating the {fit.lowering.label} lowering ({_steps(fit.program)} steps)")
             time_us = _simulated_us(fit.program, topology, size_bytes)
             timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
-            if first_round and ((deadline is not None and deadline.expired)
-                                or _settled(timed, floor_us, later, plan_us)):
+            expired = deadline is not None and deadline.expired
+            if first_round and (expired or _settled(timed, floor_us, later, plan_us)):
+                cut = expired and not _settled(timed, floor_us, later, plan_us)
                 break
         else:
             exhausted = True
@@ -173,7 +176,7 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
                     emitted, failure = _judge(strict, topology, target,
                                               _simulated_us(strict.program, topology, size_bytes))
             if emitted is not None:
-                return emitted
+                return replace(emitted, variants_cut=cut)
             failures.append(failure)
     if all(limit for _, limit in failures):
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")

@@ -16,8 +16,10 @@ import click
 
 from synth.solver.deadline import Deadline
 
-# Longest silence on stderr while a command works (seconds).
-HEARTBEAT_S = 10.0
+# Silence on stderr after which the heartbeat restates the phase (seconds): below the 10 s promised between
+# lines, because a loaded machine and single C calls over a 1024-GPU program's text (regex scans of 355 MB) hold
+# the heartbeat thread up to 4 s (gaps of 14 s at 10).
+HEARTBEAT_S = 8.0
 
 # Lines that report inside a phase (HiGHS' MIP progress) and so do not name a new phase.
 _SOLVER_PREFIX = "MIP "
