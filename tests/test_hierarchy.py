@@ -239,3 +239,17 @@ def test_the_compositions_are_announced_before_they_are_made():
     assert heard[0] == (f"  hierarchy: composing {len(heard) - 1} plan(s) of one rail and one node over 4 x 8 GPUs "
                         f"({labels}), each replayed")
     assert len(heard) - 1 >= len(found)
+
+
+def test_an_alltoall_over_more_peers_than_sms_is_refused_before_composing():
+    """128 x dgx-h100: every GPU would receive from 127 rail peers and 7 node peers, a threadblock each, on 132
+    SMs; refused at once with the node count that fits (126), where composing took four minutes."""
+    from synth.errors import BackendError
+    from synth.synthesis.hierarchy import check_threadblocks
+
+    topo = load_topology("dgx-h100", 128, "rail")
+    with pytest.raises(BackendError, match=r"receive from 127 rail peers and 7 peers in its node.*at most 132 "
+                                           r"threadblocks.*use at most 126 nodes"):
+        synthesize_hierarchy(topo, "alltoall", GB)
+    check_threadblocks(load_topology("dgx-h100", 126, "rail"), "alltoall", node_trees(topo))   # fits: no error
+    check_threadblocks(topo, "allgather", node_trees(topo))

@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from backends.msccl.limits import MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
-from synth.errors import InputError
+from synth.errors import BackendError, InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology, reverse_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
@@ -540,6 +540,7 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
     """
     check_applicable(topology, collective)
     nodes = node_trees(topology)
+    check_threadblocks(topology, collective, nodes)
     plans = hierarchy_plans(topology, collective, size_bytes, target, pieces)
     progress(f"  hierarchy: composing {len(plans)} plan(s) of one rail and one node over {topology.num_nodes} x "
              f"{topology.gpus_per_node} GPUs ({', '.join(p.label(collective) for p in plans)}), each replayed")
@@ -558,6 +559,21 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
             progress(f"  time limit reached: {len(plans) - k} composition(s) not tried")
             break
     return worth_writing(out)
+
+
+def check_threadblocks(topology: Topology, collective: str, nodes: NodeTrees) -> None:
+    """Refuse, before composing, an Alltoall whose every GPU receives from more peers than its SMs run
+    threadblocks (one per peer, :func:`backends.msccl.fit.hopeless`): on NVSwitch nodes a GPU receives from every
+    other node on its rail and from every other GPU of its node, whichever hop comes first (128 x dgx-h100:
+    127 + 7 = 134 peers for 132 SMs, found after four minutes of composing)."""
+    sms = topology.sms_per_gpu
+    if normalize_name(collective) != "alltoall" or nodes.kind != "star" or sms is None:
+        return
+    k, g = topology.num_nodes, topology.gpus_per_node
+    if k - 1 + g - 1 > sms:
+        raise BackendError(f"an Alltoall over {k} nodes of {g} GPUs has every GPU receive from {k - 1} rail peers "
+                           f"and {g - 1} peers in its node, a threadblock each, and the GPU runs at most {sms} "
+                           f"threadblocks (one per SM); use at most {sms - g + 2} nodes")
 
 
 def worth_writing(candidates: list[HierarchyCandidate]) -> list[HierarchyCandidate]:
