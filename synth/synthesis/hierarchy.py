@@ -15,8 +15,9 @@ SyCCL-style):
 A chunk of Allgather that starts on ``(n, i)`` follows the rail tree of rail ``i`` from node ``n``, and every GPU
 it reaches on that rail spreads it through its node with the node tree of local origin ``i``. ReduceScatter
 collects along the same tree reversed (node first, then rail), booked greedily or as the Allgather's booking
-run backwards (``HierarchyPlan.reversal``); Allreduce collects into the chunk's owner and spreads from there. Where the node ports, not the NICs, bind (two nodes of an NVSwitch machine), some pieces
-also go NIC to NIC onto another rail (:func:`cross_pieces`) so both finish together. Alltoall goes PXN-style:
+run backwards (``HierarchyPlan.reversal``); Allreduce collects into the chunk's owner and spreads from there.
+Where the node ports, not the NICs, bind (two nodes of an NVSwitch machine), some pieces also go NIC to NIC onto
+another rail (:func:`cross_pieces`) so both finish together. Alltoall goes PXN-style:
 from ``(n, i)`` to ``(m, j)`` first over the node to ``(n, j)``, then over rail ``j`` (or rail first, then
 node), in Latin-square rounds that give every NIC one block per round (:meth:`HierarchyRoutes.explicit`).
 

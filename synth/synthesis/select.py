@@ -134,7 +134,8 @@ def _at_the_limit(request: SynthesisRequest, found: list[Candidate]) -> bool:
     from synth.synthesis.rooted import LABEL as ROOTED_LABEL
 
     limit = request.bound.limit_us
-    return any(c.label.startswith((TREES_LABEL, PATHS_LABEL, ROOTED_LABEL)) and c.result.schedule.collective.runs_at_power_of_two_sizes
+    return any(c.label.startswith((TREES_LABEL, PATHS_LABEL, ROOTED_LABEL))
+               and c.result.schedule.collective.runs_at_power_of_two_sizes
                and c.report.time_us <= limit * (1 + TREES_AT_LIMIT) for c in found)
 
 
