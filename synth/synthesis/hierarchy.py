@@ -572,9 +572,9 @@ def check_threadblocks(topology: Topology, collective: str, nodes: NodeTrees) ->
         return
     k, g = topology.num_nodes, topology.gpus_per_node
     if k - 1 + g - 1 > sms:
-        raise BackendError(f"an Alltoall over {k} nodes of {g} GPUs has every GPU receive from {k - 1} rail peers "
-                           f"and {g - 1} peers in its node, a threadblock each, and the GPU runs at most {sms} "
-                           f"threadblocks (one per SM); use at most {sms - g + 2} nodes")
+        raise BackendError(f"the PXN composition of an Alltoall over {k} nodes of {g} GPUs has every GPU receive "
+                           f"from {k - 1} rail peers and {g - 1} peers in its node, a threadblock each, and the GPU "
+                           f"runs at most {sms} threadblocks (one per SM); use at most {sms - g + 2} nodes")
 
 
 def worth_writing(candidates: list[HierarchyCandidate]) -> list[HierarchyCandidate]:
