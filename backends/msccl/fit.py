@@ -297,7 +297,7 @@ def in_flight_channels(schedule: Schedule, topology: Topology, fit: Fit, fifo_de
 
 def wider_channels(topology: Topology, fit: Fit) -> tuple[int, ...]:
     """The channel counts of ``fit``'s wider spreads (:func:`wider_fits`), known before any is lowered."""
-    total = sum(len(tb.steps) for g in fit.program.gpus for tb in g.tbs)
+    total = fit.program.num_steps
     if total > WIDEN_MAX_STEPS:
         return ()
     most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)

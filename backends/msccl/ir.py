@@ -87,6 +87,11 @@ class MscclProgram:
     line: int = 0
 
     @property
+    def num_steps(self) -> int:
+        """Steps of every threadblock of every GPU (``nop`` steps too)."""
+        return sum(len(tb.steps) for gpu in self.gpus for tb in gpu.tbs)
+
+    @property
     def collective(self) -> str:
         """The collective in our spelling (``reducescatter`` for both runtimes' spellings)."""
         return "reducescatter" if self.coll in ("reduce_scatter", "reducescatter") else self.coll

@@ -489,7 +489,6 @@ def _order_connections(ops: list[_Op]) -> None:
         pair = (op.send.src, op.send.dst)
         before = previous.get(pair)
         previous[pair] = op
-        # only sends that wait for nothing else (a rank's own data): a second wait would cost a ``nop`` step
         if before is not None and before.tb_key != op.tb_key and op.recv is None and not op.deps:
             op.deps = (before,)
 

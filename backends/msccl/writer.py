@@ -148,12 +148,13 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
             if floor_us is None:
                 floor_us = schedule_floor_us(schedule, topology, size_bytes) if size_bytes else 0.0
             if size_bytes:
-                progress(f"    simulating the {fit.lowering.label} lowering ({_steps(fit.program)} steps)")
+                progress(f"    simulating the {fit.lowering.label} lowering ({fit.program.num_steps} steps)")
             time_us = _simulated_us(fit.program, topology, size_bytes)
             timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
             expired = deadline is not None and deadline.expired
-            if first_round and (expired or _settled(timed, floor_us, later, plan_us)):
-                cut = expired and not _settled(timed, floor_us, later, plan_us)
+            settled = first_round and _settled(timed, floor_us, later, plan_us)
+            if first_round and (expired or settled):
+                cut = expired and not settled
                 break
         else:
             exhausted = True
@@ -244,10 +245,6 @@ def _fitting(schedule: Schedule, topology: Topology, target: str, fuse: bool, pr
     progress(f"    fitting the {'fused' if fuse else 'plain'} lowering to the {target} runtime's limits "
              f"({len(schedule.transfers)} transfers{merging})")
     return fit_lowering(schedule, topology, target, fuse, **options)
-
-
-def _steps(program: MscclProgram) -> int:
-    return sum(len(tb.steps) for gpu in program.gpus for tb in gpu.tbs)
 
 
 def _in_link_order(schedule: Schedule, topology: Topology, target: str, timed: list, plan_us: float | None,

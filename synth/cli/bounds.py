@@ -81,6 +81,7 @@ def baseline(name, collective, topology_name, nodes, fabric, oversubscription, s
     size = parse_size(size_text)
     from synth.synthesis.baselines import BASELINES, best_baseline, build_baseline   # after the cheap checks
     from synth.bounds.physical import lower_bound
+    from synth.schedule.costmodel import algbw_GBps
     from synth.schedule.replay import verify
     from synth.model.topology import load_topology
 
@@ -112,8 +113,8 @@ def baseline(name, collective, topology_name, nodes, fabric, oversubscription, s
                "chunks_per_rank": schedule.collective.chunks_per_rank, "steps": schedule.steps,
                "transfers": len(schedule.transfers), "time_us": time_us, "plan_time_us": report.time_us,
                "timed_by": "simulated file" if xml_out else "replay",
-               "algbw_GBps": report.algbw_GBps * report.time_us / time_us if time_us > 0 else report.algbw_GBps,
-               "busbw_GBps": report.busbw_GBps * report.time_us / time_us if time_us > 0 else report.busbw_GBps,
+               "algbw_GBps": algbw_GBps(size, time_us),
+               "busbw_GBps": algbw_GBps(size, time_us) * schedule.collective.busbw_factor(),
                "limit_us": bound.limit_us,
                "fraction_of_limit": bound.limit_us / time_us if time_us > 0 else 1.0}
     if as_json:

@@ -84,7 +84,7 @@ def plan_program(program: MscclProgram, nprocs: int, source: str = "<program>",
         raise InputError(source, "gpu", f"expected one <gpu> for each id 0..{n - 1}, got {gpu_ids[:10]}")
     if inplace is None:
         inplace = program.inplace == 1
-    total_steps = sum(len(tb.steps) for g in program.gpus for tb in g.tbs)
+    total_steps = program.num_steps
     if total_steps > MAX_STEPS:
         raise InputError(source, "step", f"{total_steps} steps is more than the {MAX_STEPS} a run allows")
     errors = [f for f in lint_program(program, "both", cap=False) if f.severity == "error"]

@@ -20,6 +20,15 @@ from synth.model.topology import PortUse, Topology
 BYTES_PER_US_PER_GBPS = 1e3
 
 
+def algbw_GBps(size_bytes: float, time_us: float) -> float:
+    """nccl-tests' algorithm bandwidth: the per-rank buffer (bytes) over the collective's time (us), in GB/s.
+
+    >>> algbw_GBps(1 << 30, 1000.0)
+    1073.741824
+    """
+    return size_bytes / (time_us * BYTES_PER_US_PER_GBPS) if time_us > 0 else float("inf")
+
+
 class Reservation(NamedTuple):
     start_us: float
     busy_until_us: float

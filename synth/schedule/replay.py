@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from synth.model.collectives import Collective
-from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, LinkClock
+from synth.schedule.costmodel import LinkClock, algbw_GBps
 from synth.errors import VerificationError
 from synth.schedule.ir import REDUCE, Schedule
 from synth.model.topology import Topology
@@ -165,7 +165,7 @@ def replay_time(schedule: Schedule, topology: Topology, size_bytes: int, reduce_
         for key, arrive in arrivals:
             ready[key] = max(ready[key], arrive)
             end = max(end, arrive)
-    algbw = size_bytes / (end * BYTES_PER_US_PER_GBPS) if end > 0 else float("inf")
+    algbw = algbw_GBps(size_bytes, end)
     util = max(clock.busy_us) / end if end > 0 and clock.busy_us else 0.0
     return ReplayReport(end, size_bytes, algbw, algbw * coll.busbw_factor(), len(schedule.transfers), util,
                         alpha_occupies)

@@ -39,7 +39,7 @@ from backends.msccl.lowering import DEFAULT_MAX_BYTES
 from backends.msccl.writer import (EmittedXml, check_target_holds, check_target_knows, emit_verified_xml,
                                    schedule_floor_us)
 from synth.errors import BackendError, InputError, VerificationError
-from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.schedule.costmodel import algbw_GBps
 from synth.solver.deadline import Deadline
 from synth.solver.highs import Status
 from synth.formulations.steps import encode_steps
@@ -105,7 +105,7 @@ class Solution:
         topo = self.request.topology
         simulated = self.chosen.simulated_us
         size = self.request.size_bytes
-        algbw = size / (simulated * BYTES_PER_US_PER_GBPS)
+        algbw = algbw_GBps(size, simulated)
         return {
             "status": TIME_LIMIT_STATUS if self.time_limited else result.status, "plan_status": result.status,
             "time_limited": self.time_limited, "solve_seconds": result.solve_seconds, "gap": result.gap,
