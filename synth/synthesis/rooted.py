@@ -30,6 +30,7 @@ counts, the fastest replays compete (:func:`synthesize_rooted`).
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from collections import Counter
@@ -241,27 +242,27 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int) -> list[T
     nic_slots = [switch_GBps / min([topology.link(*rail[n0]).capacity_GBps]
                                + [topology.port_capacity()[p] for p in topology.link(*rail[n0]).ports])
                  for rail in routes.rails]
-    nic_free = [0.0] * len(routes.rails)
-    nic_count = [0] * len(routes.rails)
-    most = -(-chunks // len(routes.rails))     # every rail carries its share, no more (a message each)
-    trees = []
+    node_trees, have = [], []          # have[c][rank]: when chunk c is there, in slots
     for c in range(chunks):
         a = c % m
-        edges = [(root, peers[a])]
-        rank = [float(c)]
-        have = {root: 0.0, peers[a]: c + 1.0}       # when the chunk is there, in slots
+        edges, rank, at = [(root, peers[a])], [float(c)], {root: 0.0, peers[a]: c + 1.0}
         for step in range(1, m):
             b = peers[(a + steps[step - 1]) % m]
-            at = c + step
             edges.append((peers[a], b))
-            rank.append(float(at))
-            have[b] = at + 1.0
-        rail = min((j for j in range(len(senders)) if nic_count[j] < most),
-                   key=lambda j: (max(have[senders[j]], nic_free[j]) + nic_slots[j], j))
-        start = max(have[senders[rail]], nic_free[rail])
-        nic_free[rail] = start + nic_slots[rail]
-        nic_count[rail] += 1
-        turn = c // len(senders)
+            rank.append(float(c + step))
+            at[b] = c + step + 1.0
+        node_trees.append((edges, rank))
+        have.append(at)
+    crossing = _rails_by_pull(routes, have, nic_slots)
+    # the i-th chunk of every rail takes the i-th partner after its entry (the rails cross alike, so the partners
+    # of chunks that arrive together differ)
+    place = {c: i for rail in range(len(senders))
+             for i, c in enumerate(sorted((c for c in range(chunks) if crossing[c][0] == rail),
+                                          key=lambda c: crossing[c][1]))}
+    trees = []
+    for c, (edges, rank) in enumerate(node_trees):
+        rail, start = crossing[c]
+        turn = place[c]
         for hop in range(k - 1):
             src, entry = routes.rails[rail][(n0 + hop) % k]
             edges.append((src, entry))
@@ -269,9 +270,49 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int) -> list[T
             spread = routes._spread(entry, {entry}, turn)
             edges += spread
             arrival = start + (hop + 1) * nic_slots[rail]
-            rank += [arrival + (j + 1) / (len(spread) + 1) for j in range(len(spread))]
+            rank += _expected_starts(spread, entry, arrival)
         trees.append(TimedTree(tuple(edges), tuple(rank)))
     return trees
+
+
+def _expected_starts(spread: list[Edge], entry: int, arrival: float) -> list[float]:
+    """When each edge of a spread (parents first) from ``entry`` may start, in slots after ``arrival``: each sender
+    sends one chunk per slot once it has the chunk."""
+    have, busy, starts = {entry: arrival}, {}, []
+    for u, v in spread:
+        start = max(have[u], busy.get(u, arrival))
+        busy[u] = have[v] = start + 1.0
+        starts.append(start)
+    return starts
+
+
+def _rails_by_pull(routes: RootedRoutes, have: list[dict[int, float]], nic_slots: list[float]
+                   ) -> list[tuple[int, float]]:
+    """Each chunk's rail and the start of its crossing (slots): whenever a NIC is free it takes the chunk its
+    sender has first, up to its share of the chunks; the root's own NIC takes the last chunks first (the root
+    has every chunk from the start, the other senders have the last ones only at the end)."""
+    chunks, n0 = len(have), routes.root // routes.g
+    senders = [rail[n0][0] for rail in routes.rails]
+    most = -(-chunks // len(senders))     # every rail carries its share, no more (a message each)
+    # popped from the end: the root's last chunk first, the others' first chunk there first
+    queues = [sorted(range(chunks)) if s == routes.root else
+              sorted(range(chunks), key=lambda c, s=s: (have[c][s], c), reverse=True) for s in senders]
+    crossing: dict[int, tuple[int, float]] = {}
+    free = [(0.0, j) for j in range(len(senders))]
+    count = [0] * len(senders)
+    while len(crossing) < chunks:
+        at, j = heapq.heappop(free)
+        queue = queues[j]
+        while queue and queue[-1] in crossing:
+            queue.pop()
+        if not queue or count[j] == most:
+            continue
+        c = queue.pop()
+        start = max(at, have[c][senders[j]])
+        crossing[c] = (j, start)
+        count[j] += 1
+        heapq.heappush(free, (start + nic_slots[j], j))
+    return [crossing[c] for c in range(chunks)]
 
 
 def own_rail_chunks(topology: Topology, routes: RootedRoutes, chunks: int) -> int:
