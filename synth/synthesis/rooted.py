@@ -206,6 +206,18 @@ class TimedTree:
     rank: tuple[float, ...]
 
 
+def latin_peers(routes: RootedRoutes) -> list[int] | None:
+    """The root's peers in the order it hands them chunks (the rails' senders first, so the rails start early), or
+    None where the root's node is no Latin square (:func:`latin_trees`)."""
+    g, root = routes.g, routes.root
+    if routes.nodes.kind != "star" or g < 4 or latin_steps(g - 1) is None:
+        return None
+    base = root - root % g
+    senders = [rail[root // g][0] for rail in routes.rails]
+    peers = [v for v in senders if v != root]
+    return peers + [base + (root % g + j) % g for j in range(1, g) if base + (root % g + j) % g not in peers]
+
+
 def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int) -> list[TimedTree] | None:
     """Every chunk's tree with the root's node as a Latin square (None where it does not apply: a node that is
     not an NVSwitch, or an even number of peers).
@@ -226,18 +238,12 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int) -> list[T
     >>> trees[0].edges[:3], trees[1].edges[:2]
     (((0, 1), (1, 3), (1, 5)), ((0, 2), (2, 4)))
     """
-    g, root, k = routes.g, routes.root, routes.k
-    if routes.nodes.kind != "star" or g < 4:
+    peers = latin_peers(routes)
+    if peers is None:
         return None
-    base = root - root % g
-    n0 = root // g
+    root, k, n0, m = routes.root, routes.k, routes.root // routes.g, len(peers)
     senders = [rail[n0][0] for rail in routes.rails]
-    peers = [v for v in senders if v != root]
-    peers += [base + (root % g + j) % g for j in range(1, g) if base + (root % g + j) % g not in peers]
-    m = len(peers)
     steps = latin_steps(m)
-    if steps is None:
-        return None
     switch_GBps = topology.link(root, peers[0]).capacity_GBps
     nic_slots = [switch_GBps / min([topology.link(*rail[n0]).capacity_GBps]
                                + [topology.port_capacity()[p] for p in topology.link(*rail[n0]).ports])
@@ -461,6 +467,8 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
         c *= 2
     if not star:
         return tuple(sorted({c, max(1, c // 4)}))
+    if latin_peers(routes) is not None:     # its connections keep their order over channels
+        return tuple(sorted({c, max(1, c // 2)}))
     while c > 1 and _busiest_hand_out(routes, c) > max_steps(target) // 2:
         c //= 2
     return tuple(sorted({c, max(1, c // 2)}))
