@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import itertools
 import math
 import time
 from collections import Counter
@@ -262,12 +261,12 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int) -> list[T
         node_trees.append((edges, rank))
         have.append(at)
     crossing = _rails_by_pull(routes, have, nic_slots)
+    squares = _far_squares(routes, crossing, nic_slots) if k == 2 else None
     # the i-th chunk of every rail takes the i-th partner after its entry (the rails cross alike, so the partners
     # of chunks that arrive together differ)
     place = {c: i for rail in range(len(senders))
              for i, c in enumerate(sorted((c for c in range(chunks) if crossing[c][0] == rail),
                                           key=lambda c: crossing[c][1]))}
-    squares = _far_squares(routes, crossing, nic_slots) if k == 2 else None
     trees = []
     for c, (edges, rank) in enumerate(node_trees):
         rail, start = crossing[c]
@@ -297,7 +296,7 @@ def _far_squares(routes: RootedRoutes, crossing: list[tuple[int, float]], nic_sl
     Where every GPU is an entry (2 x dgx-h100), the entry sends to the others in ``q`` slots; where there are as
     many other GPUs as entries (2 x dgx2: a NIC per two GPUs), entry ``j`` hands the chunk to GPU ``j`` of the
     others first and each then sends to its own kind (entries to entries, the others to the others). The order
-    of the peers (a step per slot, as :func:`latin_steps`) is searched so that GPUs receive one chunk at a time
+    of the peers (a list edge colouring, :func:`_square`) is searched so that GPUs receive one chunk at a time
     whatever the phases (greedy spreads met at the ingress ports, and which of two transfers that met went first
     decided the plan: 2 x dgx2 Broadcast 1 GB planned 9% slower than it simulated)."""
     g, n0 = routes.g, routes.root // routes.g
@@ -309,71 +308,76 @@ def _far_squares(routes: RootedRoutes, crossing: list[tuple[int, float]], nic_sl
     r = len(entries)
     base = entries[0] - entries[0] % g
     others = [v for v in range(base, base + g) if v not in entries]
-    first = {}
-    for rail, start in crossing:
-        first[rail] = min(first.get(rail, start), start)
-    phases = tuple(int(round(first[j])) % q for j in range(r))
+    # each rail's phase: where most of its chunks cross (a rail may wait once for its second chunk, early on)
+    phases = tuple(Counter(int(round(start)) % q for rail, start in crossing if rail == j).most_common(1)[0][0]
+                   for j in range(r))
     if not others:
         # a slot after the arrival (the NIC's latency) if the square allows, as late as the next arrival allows
-        found = ((f, _square_steps(r, q, phases, (f,), f)) for f in [2, 1] + list(range(3, q - r + 3)))
-        first, steps = next(((f, steps) for f, steps in found if steps is not None), (0, None))
-        if steps is None:
+        found = ((f, _square(r, q, phases, f)) for f in [2, 1] + list(range(3, q - r + 3)))
+        first, square = next(((f, sq) for f, sq in found if sq is not None), (0, None))
+        if square is None:
             return None
-        return [[((entries[j], entries[(j + d) % r]), t) for t, d in enumerate(steps, first)] for j in range(r)]
+        return [[((entries[j], entries[b]), t) for t, b in enumerate(square[j], first)] for j in range(r)]
     if len(others) == r and q >= r + 1:
-        to_entries = _square_steps(r, q, phases, (2,), 2)
+        to_entries = _square(r, q, phases, 2)
         # the others start a slot or more after the hand-over (its latency), as late as the next arrival allows
-        later = ((first, _square_steps(r, q, phases, (first, 1), first)) for first in range(3, q - r + 3))
-        first, to_others = next(((f, steps) for f, steps in later if steps is not None), (0, None))
+        later = ((f, _square(r, q, phases, f, (1,))) for f in range(3, q - r + 3))
+        first, to_others = next(((f, sq) for f, sq in later if sq is not None), (0, None))
         if to_entries is None or to_others is None:
             return None
         return [[((entries[j], others[j]), 1)]
-                + [((entries[j], entries[(j + d) % r]), t) for t, d in enumerate(to_entries, 2)]
-                + [((others[j], others[(j + d) % r]), t) for t, d in enumerate(to_others, first)]
+                + [((entries[j], entries[b]), t) for t, b in enumerate(to_entries[j], 2)]
+                + [((others[j], others[b]), t) for t, b in enumerate(to_others[j], first)]
                 for j in range(r)]
     return None
 
 
+# Nodes a square's search may visit before it gives up (a square of 8 takes a few hundred)
+SQUARE_SEARCH_NODES = 20_000
+
+
 @functools.lru_cache(maxsize=64)
-def _square_steps(r: int, q: int, phases: tuple[int, ...], offsets: tuple[int, ...], first: int
-                  ) -> tuple[int, ...] | None:
-    """Steps ``d_1..d_{r-1}`` (a permutation of ``1..r-1``): at slot ``first + i`` after its arrival, member ``j``
-    of a group of ``r`` (its chunk arriving at slot ``phases[j]`` mod ``q``) sends to member ``j + d_i``, and no
-    member receives twice in any slot. ``offsets[1:]``: a slot at which each member also receives its own chunk
-    (from the entry, for the others)."""
-    own = offsets[1:]
-    for steps in itertools.permutations(range(1, r)):
-        ok = True
-        for x in range(q):
-            seen = set()
-            for j in range(r):
-                t = (x - phases[j]) % q
-                if t in own:
-                    receiver = j
-                elif first <= t < first + r - 1:
-                    receiver = (j + steps[t - first]) % r
-                else:
-                    continue
-                if receiver in seen:
-                    ok = False
-                    break
-                seen.add(receiver)
-            if not ok:
-                break
-        if ok:
-            return steps
-    return None
+def _square(r: int, q: int, phases: tuple[int, ...], first: int, own: tuple[int, ...] = ()
+            ) -> tuple[tuple[int, ...], ...] | None:
+    """``targets[j][i]``: the member of a group of ``r`` that member ``j`` sends to at slot ``first + i`` after
+    its chunk's arrival (slot ``phases[j]`` mod ``q``), every other member once, and no member receiving twice in
+    a slot, nor at the slots ``own`` after its own arrival (where it gets its chunk from elsewhere). A list edge
+    colouring of the complete digraph (each sender's slots are its list), found depth first, fewest choices
+    first; None when there is none or the search gives up."""
+    if first < 1 or first + r - 2 > q:
+        return None
+    slots = [[(phases[j] + first + i) % q for i in range(r - 1)] for j in range(r)]
+    busy = [{(phases[b] + o) % q for o in own} for b in range(r)]
+    todo = {(j, i) for j in range(r) for i in range(r - 1)}
+    sent = [set() for _ in range(r)]
+    chosen: dict = {}
+    visits = [0]
 
+    def options(j: int, i: int) -> list[int]:
+        return [b for b in range(r) if b != j and b not in sent[j] and slots[j][i] not in busy[b]]
 
-def _expected_starts(spread: list[Edge], entry: int, arrival: float) -> list[float]:
-    """When each edge of a spread (parents first) from ``entry`` may start, in slots after ``arrival``: each sender
-    sends one chunk per slot once it has the chunk."""
-    have, busy, starts = {entry: arrival}, {}, []
-    for u, v in spread:
-        start = max(have[u], busy.get(u, arrival))
-        busy[u] = have[v] = start + 1.0
-        starts.append(start)
-    return starts
+    def search() -> bool:
+        if not todo:
+            return True
+        visits[0] += 1
+        if visits[0] > SQUARE_SEARCH_NODES:
+            return False
+        j, i = min(todo, key=lambda ji: (len(options(*ji)), ji))
+        todo.discard((j, i))
+        for b in options(j, i):
+            sent[j].add(b)
+            busy[b].add(slots[j][i])
+            chosen[(j, i)] = b
+            if search():
+                return True
+            sent[j].discard(b)
+            busy[b].discard(slots[j][i])
+        todo.add((j, i))
+        return False
+
+    if not search():
+        return None
+    return tuple(tuple(chosen[(j, i)] for i in range(r - 1)) for j in range(r))
 
 
 def _rails_by_pull(routes: RootedRoutes, have: list[dict[int, float]], nic_slots: list[float]
