@@ -262,11 +262,11 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int) -> list[T
     for order in orders:
         node_trees, have = _latin_node(root, order, steps, chunks)
         crossing = _rails_by_pull(routes, have, nic_slots)
-        waits = _nic_waits(crossing, nic_slots)
-        if best is None or waits < best[0]:
-            best = (waits, node_trees, have, crossing)
-    _, node_trees, have, crossing = best
-    squares = _far_squares(routes, crossing, nic_slots) if k == 2 else None
+        squares = _far_squares(routes, crossing, nic_slots) if k == 2 else None
+        key = (squares is None, _nic_waits(crossing, nic_slots))
+        if best is None or key < best[0]:
+            best = (key, node_trees, crossing, squares)
+    _, node_trees, crossing, squares = best
     # the i-th chunk of every rail takes the i-th partner after its entry (the rails cross alike, so the partners
     # of chunks that arrive together differ)
     place = {c: i for rail in range(len(senders))
@@ -290,6 +290,17 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int) -> list[T
             rank += _expected_starts(spread, entry, arrival)
         trees.append(TimedTree(tuple(edges), tuple(rank)))
     return trees
+
+
+def _expected_starts(spread: list[Edge], entry: int, arrival: float) -> list[float]:
+    """When each edge of a spread (parents first) from ``entry`` may start, in slots after ``arrival``: each sender
+    sends one chunk per slot once it has the chunk."""
+    have, busy, starts = {entry: arrival}, {}, []
+    for u, v in spread:
+        start = max(have[u], busy.get(u, arrival))
+        busy[u] = have[v] = start + 1.0
+        starts.append(start)
+    return starts
 
 
 def _latin_node(root: int, peers: list[int], steps: tuple[int, ...], chunks: int):
