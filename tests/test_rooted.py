@@ -125,7 +125,7 @@ def test_latin_trees_reach_every_rank_once_and_no_port_is_asked_twice_in_a_slot(
     # ``far``: every NIC crosses without waiting, so the other node's square holds for every chunk too
     topo = load_topology(name, nodes=2) if name in ("dgx-h100", "dgx2") else load_topology(name)
     routes = RootedRoutes(topo, root)
-    trees = latin_trees(topo, routes, 64)
+    trees = latin_trees(topo, routes, 64, GIB / 64)
     assert trees is not None
     sends, receives = Counter(), Counter()
     for tree in trees:
