@@ -1,0 +1,140 @@
+"""How fast can any MSCCL file of a schedule simulate? Lower bounds the verified writer uses to stop making variants
+that cannot win (:mod:`backends.msccl.writer`), computed from the schedule alone, before anything is lowered.
+
+- :func:`schedule_floor_us`: any file, merged steps included: the schedule's link and port loads
+  (:func:`synth.schedule.costmodel.load_bound_us`).
+- :func:`unmerged_floor_us`: any file that sends each transfer as its own message (no merged steps; every channel
+  count, fused or plain), for collectives that copy (Allgather, Broadcast, Gather, Scatter, Alltoall). It adds what
+  the loads leave out: a link or switch port cannot start before the data of its first message has arrived, and
+  what it sends last must still travel on. On a chain the pipeline's fill and drain (dgx2 Broadcast 1 GB: 122 us
+  over the 8590 us the root's port needs) is what separates the plan from the load bound.
+
+Why :func:`unmerged_floor_us` holds for every file the writer accepts
+----------------------------------------------------------------------
+The simulator (:mod:`backends.msccl.simulate`) books each message on :class:`~synth.schedule.costmodel.LinkClock`:
+a link and each switch port it crosses hold the message from one start time for its bytes at their bandwidth, one
+message at a time, and it arrives alpha plus the link's time after it starts; a step that forwards data starts
+once the message carrying it has fully arrived (store-and-forward), and a step reading a slot another step wrote
+runs after it (the verdict refuses a race, and every order it accepts, tb order, a dependency or a matched
+message, the simulator keeps in time). Take a transfer ``j`` of chunk ``c`` into rank ``v`` that is ``v``'s only
+inbound transfer of ``c`` where ``v`` must hold ``c`` at the end and does not at the start: the postcondition can
+then only hold if ``j``'s message carries ``c``, so it starts once ``c`` is at its source: at once where the
+source holds ``c`` from the start, else no sooner than the earliest an inbound transfer of ``c`` carrying it can
+arrive there (its *head*). Every such transfer out of ``v`` starts after ``j`` arrives, so from ``j``'s start the
+file needs at least ``j``'s own alpha and link time plus what they need (its *tail*; where several of them share a
+link or port, those hold it one after another). On one link or port the messages run one at a time, so for every
+subset of its messages the last of them ends no sooner than the earliest head plus all their times there, and the
+file no sooner than that plus the least tail still left after it; the bound is the largest such figure (subsets
+taken by head and by tail thresholds), and never below :func:`schedule_floor_us`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from synth.model.topology import Topology
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, load_bound_us
+from synth.schedule.ir import COPY, Schedule
+
+from backends.msccl.limits import MAX_CNT
+
+
+def schedule_floor_us(schedule: Schedule, topology: Topology, size_bytes: float) -> float:
+    """No MSCCL file written for ``schedule`` simulates faster than this at ``size_bytes`` (us): its link and port
+    loads (:func:`synth.schedule.costmodel.load_bound_us`), whatever the channels and the merging (``cnt`` up to
+    the runtime's largest). Judged before anything is lowered, so a file that cannot win is never written."""
+    return load_bound_us(((t.src, t.dst) for t in schedule.transfers), topology,
+                         schedule.collective.chunk_bytes(size_bytes), MAX_CNT)
+
+
+def unmerged_floor_us(schedule: Schedule, topology: Topology, size_bytes: float) -> float:
+    """No MSCCL file of ``schedule`` that sends each transfer as a message of its own simulates faster than this at
+    ``size_bytes`` (us); see the module docstring for why. Combining collectives (whose messages carry partial
+    sums) get :func:`schedule_floor_us`.
+
+    >>> from synth.model.collectives import make_collective
+    >>> from synth.model.topology import load_topology
+    >>> from synth.schedule.ir import Schedule, Transfer
+    >>> chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(4) for r in range(3))
+    >>> schedule = Schedule(make_collective("broadcast", 4, 4, 0), "ring-4", chain, 6)
+    >>> ring = load_topology("ring-4")
+    >>> unmerged_floor_us(schedule, ring, 4 << 20) > schedule_floor_us(schedule, ring, 4 << 20)
+    True
+    """
+    floor = schedule_floor_us(schedule, topology, size_bytes)
+    coll = schedule.collective
+    transfers = schedule.transfers
+    if coll.combining or not transfers or any(t.op != COPY for t in transfers):
+        return floor
+    nbytes = coll.chunk_bytes(size_bytes)
+    port_bw = topology.port_capacity()
+    holders = {(c.id, r) for c in coll.chunks for r in c.sources}
+    must_hold = {(c.id, r) for c in coll.chunks for r in c.dest_ranks}
+    inbound: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for j, t in enumerate(transfers):
+        inbound[(t.chunk, t.dst)].append(j)
+    # per transfer: its link, alpha, link time and (resource, time held) for the link and each port it crosses
+    travel, holds = [], []
+    for t in transfers:
+        index = topology.link_index[(t.src, t.dst)]
+        link = topology.links[index]
+        beta_us = nbytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+        travel.append(link.alpha_us + beta_us)
+        holds.append(((("link", index), beta_us), *((port, nbytes / (port_bw[port] * BYTES_PER_US_PER_GBPS))
+                                                    for port in link.ports)))
+
+    def carries(j: int) -> bool:
+        """The postcondition needs ``j``'s message to carry its chunk (its destination's only way to get it)."""
+        t = transfers[j]
+        key = (t.chunk, t.dst)
+        return key in must_hold and key not in holders and len(inbound[key]) == 1
+
+    order = sorted(range(len(transfers)), key=lambda j: transfers[j].step)
+    # earliest start of each transfer if it carries its chunk (steps order the data: a transfer's chunk reached its
+    # source at an earlier step)
+    earliest = [0.0] * len(transfers)
+    for j in order:
+        t = transfers[j]
+        if (t.chunk, t.src) not in holders:
+            earlier = [earliest[i] + travel[i] for i in inbound[(t.chunk, t.src)] if transfers[i].step < t.step]
+            earliest[j] = min(earlier, default=0.0)
+    head = [earliest[j] if carries(j) else 0.0 for j in range(len(transfers))]
+    # the transfers that must wait for each one (its destination's chunk goes on only with its message)
+    waiting: dict[int, list[int]] = defaultdict(list)
+    for k, t in enumerate(transfers):
+        if carries(k) and (t.chunk, t.src) not in holders and len(inbound[(t.chunk, t.src)]) == 1:
+            j = inbound[(t.chunk, t.src)][0]
+            if transfers[j].step < t.step:
+                waiting[j].append(k)
+    tail = [0.0] * len(transfers)
+    for j in reversed(order):
+        after = 0.0
+        shared: dict = defaultdict(list)
+        for k in waiting[j]:
+            after = max(after, tail[k])
+            for resource, held in holds[k]:
+                shared[resource].append((held, tail[k] - held))
+        for jobs in shared.values():
+            if len(jobs) > 1:
+                after = max(after, sum(h for h, _ in jobs) + min(rest for _, rest in jobs))
+        tail[j] = travel[j] + after
+    jobs_on: dict = defaultdict(list)
+    for j in range(len(transfers)):
+        for resource, held in holds[j]:
+            jobs_on[resource].append((head[j], held, tail[j] - held))
+    return max(floor, max(_one_machine_bound(jobs) for jobs in jobs_on.values()))
+
+
+def _one_machine_bound(jobs: list[tuple[float, float, float]]) -> float:
+    """The least time by which a resource serving ``jobs`` one at a time (each (earliest start, time held, least
+    time still needed after it lets go)) can see them all through: for the jobs of every head threshold and of
+    every tail threshold, the earliest head plus their times plus the least tail among them."""
+    best = 0.0
+    for threshold in (0, 2):    # the jobs of the latest heads first, then those of the longest tails
+        total, least_head, least_rest = 0.0, float("inf"), float("inf")
+        for job in sorted(jobs, key=lambda job: job[threshold], reverse=True):
+            total += job[1]
+            least_head = min(least_head, job[0])
+            least_rest = min(least_rest, job[2])
+            best = max(best, least_head + total + least_rest)
+    return best
