@@ -539,9 +539,7 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
     ``client.get_executor()``) they run there, and the result is the same as in this process. Once ``deadline``
     has passed, the compositions done so far (at least one) are the answer.
     """
-    check_applicable(topology, collective)
-    nodes = node_trees(topology)
-    check_threadblocks(topology, collective, nodes)
+    nodes = check_composable(topology, collective)
     plans = hierarchy_plans(topology, collective, size_bytes, target, pieces)
     progress(f"  hierarchy: composing {len(plans)} plan(s) of one rail and one node over {topology.num_nodes} x "
              f"{topology.gpus_per_node} GPUs ({', '.join(p.label(collective) for p in plans)}), each replayed")
@@ -560,6 +558,15 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
             progress(f"  time limit reached: {len(plans) - k} composition(s) not tried")
             break
     return worth_writing(out)
+
+
+def check_composable(topology: Topology, collective: str) -> NodeTrees:
+    """Refuse a composition that cannot apply or cannot run (:func:`check_applicable`,
+    :func:`check_threadblocks`) before any work; returns the node's trees the composition uses."""
+    check_applicable(topology, collective)
+    nodes = node_trees(topology)
+    check_threadblocks(topology, collective, nodes)
+    return nodes
 
 
 def check_threadblocks(topology: Topology, collective: str, nodes: NodeTrees) -> None:
