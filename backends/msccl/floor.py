@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+import numpy as np
+
 from synth.model.topology import Topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, load_bound_us
 from synth.schedule.ir import COPY, Schedule
@@ -73,21 +75,19 @@ def unmerged_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
     inbound: dict[tuple[int, int], list[int]] = defaultdict(list)
     for j, t in enumerate(transfers):
         inbound[(t.chunk, t.dst)].append(j)
-    # per transfer: its link, alpha, link time and (resource, time held) for the link and each port it crosses
-    travel, holds = [], []
-    for t in transfers:
-        index = topology.link_index[(t.src, t.dst)]
+    # per link: alpha plus its time, and (resource, time held) for the link and each port it crosses
+    costs: dict[tuple[int, int], tuple[float, tuple]] = {}
+    for pair in {(t.src, t.dst) for t in transfers}:
+        index = topology.link_index[pair]
         link = topology.links[index]
         beta_us = nbytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
-        travel.append(link.alpha_us + beta_us)
-        holds.append(((("link", index), beta_us), *((port, nbytes / (port_bw[port] * BYTES_PER_US_PER_GBPS))
-                                                    for port in link.ports)))
-
-    def carries(j: int) -> bool:
-        """The postcondition needs ``j``'s message to carry its chunk (its destination's only way to get it)."""
-        t = transfers[j]
-        key = (t.chunk, t.dst)
-        return key in must_hold and key not in holders and len(inbound[key]) == 1
+        costs[pair] = (link.alpha_us + beta_us, ((("link", index), beta_us), *(
+            (port, nbytes / (port_bw[port] * BYTES_PER_US_PER_GBPS)) for port in link.ports)))
+    travel = [costs[(t.src, t.dst)][0] for t in transfers]
+    holds = [costs[(t.src, t.dst)][1] for t in transfers]
+    # the postcondition needs the transfer's message to carry its chunk: its destination's only way to get it
+    carries = [(t.chunk, t.dst) in must_hold and (t.chunk, t.dst) not in holders and len(inbound[(t.chunk, t.dst)]) == 1
+               for t in transfers]
 
     order = sorted(range(len(transfers)), key=lambda j: transfers[j].step)
     # earliest start of each transfer if it carries its chunk (steps order the data: a transfer's chunk reached its
@@ -96,45 +96,47 @@ def unmerged_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
     for j in order:
         t = transfers[j]
         if (t.chunk, t.src) not in holders:
-            earlier = [earliest[i] + travel[i] for i in inbound[(t.chunk, t.src)] if transfers[i].step < t.step]
-            earliest[j] = min(earlier, default=0.0)
-    head = [earliest[j] if carries(j) else 0.0 for j in range(len(transfers))]
+            step = t.step
+            earliest[j] = min((earliest[i] + travel[i] for i in inbound[(t.chunk, t.src)] if transfers[i].step < step),
+                              default=0.0)
+    head = [e if c else 0.0 for e, c in zip(earliest, carries)]
     # the transfers that must wait for each one (its destination's chunk goes on only with its message)
     waiting: dict[int, list[int]] = defaultdict(list)
     for k, t in enumerate(transfers):
-        if carries(k) and (t.chunk, t.src) not in holders and len(inbound[(t.chunk, t.src)]) == 1:
-            j = inbound[(t.chunk, t.src)][0]
-            if transfers[j].step < t.step:
-                waiting[j].append(k)
-    tail = [0.0] * len(transfers)
+        if carries[k] and (t.chunk, t.src) not in holders:
+            feeding = inbound[(t.chunk, t.src)]
+            if len(feeding) == 1 and transfers[feeding[0]].step < t.step:
+                waiting[feeding[0]].append(k)
+    tail = list(travel)
     for j in reversed(order):
-        after = 0.0
+        after = waiting.get(j)
+        if not after:
+            continue
+        if len(after) == 1:
+            tail[j] += tail[after[0]]
+            continue
+        most = max(tail[k] for k in after)
         shared: dict = defaultdict(list)
-        for k in waiting[j]:
-            after = max(after, tail[k])
+        for k in after:
             for resource, held in holds[k]:
                 shared[resource].append((held, tail[k] - held))
         for jobs in shared.values():
             if len(jobs) > 1:
-                after = max(after, sum(h for h, _ in jobs) + min(rest for _, rest in jobs))
-        tail[j] = travel[j] + after
+                most = max(most, sum(h for h, _ in jobs) + min(rest for _, rest in jobs))
+        tail[j] += most
     jobs_on: dict = defaultdict(list)
     for j in range(len(transfers)):
         for resource, held in holds[j]:
             jobs_on[resource].append((head[j], held, tail[j] - held))
-    return max(floor, max(_one_machine_bound(jobs) for jobs in jobs_on.values()))
+    return max(floor, max(_one_machine_bound(np.array(jobs)) for jobs in jobs_on.values()))
 
 
-def _one_machine_bound(jobs: list[tuple[float, float, float]]) -> float:
-    """The least time by which a resource serving ``jobs`` one at a time (each (earliest start, time held, least
-    time still needed after it lets go)) can see them all through: for the jobs of every head threshold and of
+def _one_machine_bound(jobs: np.ndarray) -> float:
+    """The least time by which a resource serving ``jobs`` one at a time (rows of earliest start, time held, least
+    time still needed after it lets go) can see them all through: for the jobs of every head threshold and of
     every tail threshold, the earliest head plus their times plus the least tail among them."""
-    best = 0.0
-    for threshold in (0, 2):    # the jobs of the latest heads first, then those of the longest tails
-        total, least_head, least_rest = 0.0, float("inf"), float("inf")
-        for job in sorted(jobs, key=lambda job: job[threshold], reverse=True):
-            total += job[1]
-            least_head = min(least_head, job[0])
-            least_rest = min(least_rest, job[2])
-            best = max(best, least_head + total + least_rest)
-    return best
+    head, held, rest = jobs[:, 0], jobs[:, 1], jobs[:, 2]
+    by_head = np.argsort(-head, kind="stable")      # the latest heads first
+    best = np.max(head[by_head] + np.cumsum(held[by_head]) + np.minimum.accumulate(rest[by_head]))
+    by_rest = np.argsort(-rest, kind="stable")      # the longest tails first
+    return float(max(best, np.max(np.minimum.accumulate(head[by_rest]) + np.cumsum(held[by_rest]) + rest[by_rest])))
