@@ -9,7 +9,7 @@ from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
 from backends.msccl.simulate import simulate_program
 from synth.model.collectives import make_collective
 from synth.model.topology import load_topology
-from synth.schedule.ir import Schedule, Transfer
+from synth.schedule.ir import REDUCE, Schedule, Transfer
 from synth.schedule.replay import replay_time
 from synth.synthesis.baselines import build_baseline
 
@@ -39,7 +39,10 @@ def _cases():
     cases += [("dgx1 ring c4 allgather", dgx1, build_baseline("ring", "allgather", dgx1, 4)),
               ("dgx1 trees c16 broadcast", dgx1, _trees(dgx1, "broadcast", 16)),
               ("dgx-a100 trees c4 allgather", a100, _trees(a100, "allgather", 4)),
-              ("dgx-a100 ring c2 broadcast", a100, build_baseline("ring", "broadcast", a100, 2))]
+              ("dgx-a100 ring c2 broadcast", a100, build_baseline("ring", "broadcast", a100, 2)),
+              ("ring-4 ring c2 reducescatter", ring, build_baseline("ring", "reducescatter", ring, 2)),
+              ("dgx1 trees c16 reduce", dgx1, _trees(dgx1, "reduce", 16)),
+              ("dgx-a100 ring c2 reduce", a100, build_baseline("ring", "reduce", a100, 2))]
     return cases
 
 
@@ -85,7 +88,18 @@ def test_a_pipelined_chain_is_bounded_by_its_fill_and_drain():
     assert schedule_floor_us(schedule, ring, 1 << 30) < plan * 0.97
 
 
-def test_combining_collectives_get_the_load_floor():
+def test_a_reduction_chain_is_bounded_by_its_fill_and_drain():
+    # the same chain reversed: each rank adds its piece and passes the partial sum on, 0 must end with the sum
+    chain = tuple(Transfer(c, r + 1, r, step=c + 2 - r, op=REDUCE) for c in range(64) for r in range(3))
+    schedule = Schedule(make_collective("reduce", 4, 64, 0), "ring-4", chain, 66)
+    ring = load_topology("ring-4")
+    plan = replay_time(schedule, ring, 1 << 30).time_us
+    assert unmerged_floor_us(schedule, ring, 1 << 30) == pytest.approx(plan, rel=1e-12)
+
+
+def test_an_allreduce_whose_ranks_all_end_with_every_sum_gets_the_load_floor():
+    # every rank must end with each chunk's sum: no message is forced to carry anything on
     dgx1 = load_topology("dgx1")
     schedule = build_baseline("ring", "allreduce", dgx1, 2)
-    assert unmerged_floor_us(schedule, dgx1, 1 << 30) == schedule_floor_us(schedule, dgx1, 1 << 30)
+    assert unmerged_floor_us(schedule, dgx1, 1 << 30) == pytest.approx(schedule_floor_us(schedule, dgx1, 1 << 30),
+                                                                     rel=1e-12)

@@ -4,8 +4,7 @@ that cannot win (:mod:`backends.msccl.writer`), computed from the schedule alone
 - :func:`schedule_floor_us`: any file, merged steps included: the schedule's link and port loads
   (:func:`synth.schedule.costmodel.load_bound_us`).
 - :func:`unmerged_floor_us`: any file that sends each transfer as its own message (no merged steps; every channel
-  count, fused or plain), for collectives that copy (Allgather, Broadcast, Gather, Scatter, Alltoall). It adds what
-  the loads leave out: a link or switch port cannot start before the data of its first message has arrived, and
+  count, fused or plain). It adds what the loads leave out: a link or switch port cannot start before the data of its first message has arrived, and
   what it sends last must still travel on. On a chain the pipeline's fill and drain (dgx2 Broadcast 1 GB: 122 us
   over the 8590 us the root's port needs) is what separates the plan from the load bound.
 
@@ -22,7 +21,10 @@ then only hold if ``j``'s message carries ``c``, so it starts once ``c`` is at i
 source holds ``c`` from the start, else no sooner than the earliest an inbound transfer of ``c`` carrying it can
 arrive there (its *head*). Every such transfer out of ``v`` starts after ``j`` arrives, so from ``j``'s start the
 file needs at least ``j``'s own alpha and link time plus what they need (its *tail*; where several of them share a
-link or port, those hold it one after another). On one link or port the messages run one at a time, so for every
+link or port, those hold it one after another). Where messages carry partial sums (ReduceScatter, Reduce), the
+same holds the other way round: a rank that must not end with a chunk's sum and sends that chunk on only once must
+send every contribution it holds (its own, and each that had to come to it) in that one message, so it starts
+after each such inbound message arrives (the latest of them is its head), and carries them on. On one link or port the messages run one at a time, so for every
 subset of its messages the last of them ends no sooner than the earliest head plus all their times there, and the
 file no sooner than that plus the least tail still left after it; the bound is the largest such figure (subsets
 taken by head and by tail thresholds), and never below :func:`schedule_floor_us`.
@@ -51,8 +53,8 @@ def schedule_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
 
 def unmerged_floor_us(schedule: Schedule, topology: Topology, size_bytes: float) -> float:
     """No MSCCL file of ``schedule`` that sends each transfer as a message of its own simulates faster than this at
-    ``size_bytes`` (us); see the module docstring for why. Combining collectives (whose messages carry partial
-    sums) get :func:`schedule_floor_us`.
+    ``size_bytes`` (us); see the module docstring for why. Never below :func:`schedule_floor_us`, never above the
+    schedule's own replay (one timing of its messages that it bounds).
 
     >>> from synth.model.collectives import make_collective
     >>> from synth.model.topology import load_topology
@@ -66,7 +68,7 @@ def unmerged_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
     floor = schedule_floor_us(schedule, topology, size_bytes)
     coll = schedule.collective
     transfers = schedule.transfers
-    if coll.combining or not transfers or any(t.op != COPY for t in transfers):
+    if not transfers or (not coll.combining and any(t.op != COPY for t in transfers)):
         return floor
     nbytes = coll.chunk_bytes(size_bytes)
     port_bw = topology.port_capacity()
@@ -85,28 +87,9 @@ def unmerged_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
             (port, nbytes / (port_bw[port] * BYTES_PER_US_PER_GBPS)) for port in link.ports)))
     travel = [costs[(t.src, t.dst)][0] for t in transfers]
     holds = [costs[(t.src, t.dst)][1] for t in transfers]
-    # the postcondition needs the transfer's message to carry its chunk: its destination's only way to get it
-    carries = [(t.chunk, t.dst) in must_hold and (t.chunk, t.dst) not in holders and len(inbound[(t.chunk, t.dst)]) == 1
-               for t in transfers]
-
     order = sorted(range(len(transfers)), key=lambda j: transfers[j].step)
-    # earliest start of each transfer if it carries its chunk (steps order the data: a transfer's chunk reached its
-    # source at an earlier step)
-    earliest = [0.0] * len(transfers)
-    for j in order:
-        t = transfers[j]
-        if (t.chunk, t.src) not in holders:
-            step = t.step
-            earliest[j] = min((earliest[i] + travel[i] for i in inbound[(t.chunk, t.src)] if transfers[i].step < step),
-                              default=0.0)
-    head = [e if c else 0.0 for e, c in zip(earliest, carries)]
-    # the transfers that must wait for each one (its destination's chunk goes on only with its message)
-    waiting: dict[int, list[int]] = defaultdict(list)
-    for k, t in enumerate(transfers):
-        if carries[k] and (t.chunk, t.src) not in holders:
-            feeding = inbound[(t.chunk, t.src)]
-            if len(feeding) == 1 and transfers[feeding[0]].step < t.step:
-                waiting[feeding[0]].append(k)
+    flow = _partial_sums if coll.combining else _copies
+    head, waiting = flow(transfers, order, travel, inbound, holders, must_hold)
     tail = list(travel)
     for j in reversed(order):
         after = waiting.get(j)
@@ -129,6 +112,59 @@ def unmerged_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
         for resource, held in holds[j]:
             jobs_on[resource].append((head[j], held, tail[j] - held))
     return max(floor, max(_one_machine_bound(np.array(jobs)) for jobs in jobs_on.values()))
+
+
+def _copies(transfers, order, travel, inbound, holders, must_hold) -> tuple[list[float], dict[int, list[int]]]:
+    """Heads and waits where messages carry copies: a transfer into a rank that must end with its chunk, and gets
+    it no other way, carries it; it starts no sooner than the earliest inbound copy can reach its source, and the
+    transfers of that chunk out of its destination wait for it."""
+    # the postcondition needs the transfer's message to carry its chunk: its destination's only way to get it
+    carries = [(t.chunk, t.dst) in must_hold and (t.chunk, t.dst) not in holders and len(inbound[(t.chunk, t.dst)]) == 1
+               for t in transfers]
+
+    # earliest start of each transfer if it carries its chunk (steps order the data: a transfer's chunk reached its
+    # source at an earlier step)
+    earliest = [0.0] * len(transfers)
+    for j in order:
+        t = transfers[j]
+        if (t.chunk, t.src) not in holders:
+            step = t.step
+            earliest[j] = min((earliest[i] + travel[i] for i in inbound[(t.chunk, t.src)] if transfers[i].step < step),
+                              default=0.0)
+    head = [e if c else 0.0 for e, c in zip(earliest, carries)]
+    # the transfers that must wait for each one (its destination's chunk goes on only with its message)
+    waiting: dict[int, list[int]] = defaultdict(list)
+    for k, t in enumerate(transfers):
+        if carries[k] and (t.chunk, t.src) not in holders:
+            feeding = inbound[(t.chunk, t.src)]
+            if len(feeding) == 1 and transfers[feeding[0]].step < t.step:
+                waiting[feeding[0]].append(k)
+    return head, waiting
+
+
+def _partial_sums(transfers, order, travel, inbound, holders, must_hold
+                  ) -> tuple[list[float], dict[int, list[int]]]:
+    """Heads and waits where messages carry partial sums: a rank that needs no sum of a chunk and sends it on only
+    once must send there every contribution it holds (its own, and those that had to reach it), so that transfer
+    starts after each such inbound one arrives, and carries them on."""
+    outbound: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for j, t in enumerate(transfers):
+        outbound[(t.chunk, t.src)].append(j)
+    carries = [False] * len(transfers)
+    head = [0.0] * len(transfers)
+    waiting: dict[int, list[int]] = defaultdict(list)
+    for j in order:
+        t = transfers[j]
+        key = (t.chunk, t.src)
+        if key in must_hold or len(outbound[key]) != 1:
+            continue
+        feeding = [i for i in inbound[key] if carries[i] and transfers[i].step < t.step]
+        carries[j] = key in holders or bool(feeding)
+        if feeding:
+            head[j] = max(head[i] + travel[i] for i in feeding)
+        for i in feeding:
+            waiting[i].append(j)
+    return head, waiting
 
 
 def _one_machine_bound(jobs: np.ndarray) -> float:

@@ -650,6 +650,7 @@ def _describe_mismatch(coll, rank, k, got: Counter, want: Counter, writer: Ref |
 # ----------------------------------------------------------------------------------------------- machine
 
 _EMPTY: dict = {}  # the empty multiset; never mutated (multisets are treated as values)
+_NOP = STEP_TYPES["nop"]
 
 
 class _Message(NamedTuple):
@@ -721,6 +722,7 @@ class _Machine:
         self.findings: list[Finding] = []
         ngpus = index.program.ngpus
         self.views = [_View(layout, ngpus, self.findings if v == 0 else []) for v, layout in enumerate(layouts)]
+        self.kinds = [[STEP_TYPES.get(step.type) for step in tb.steps] for tb in index.tbs]   # None: unknown
         self.executed = 0
 
     # ------------------------------------------------------------------ scheduling
@@ -843,8 +845,8 @@ class _Machine:
         sends nothing)."""
         if self.track_races:
             self.clock[t][t] = k + 1
-        kind = STEP_TYPES.get(step.type)
-        if kind is None or step.type == "nop":
+        kind = self.kinds[t][k]
+        if kind is None or kind is _NOP:
             return None
         rec, _snd, red, writes = kind
         tb = self.ix.tbs[t]
@@ -930,6 +932,13 @@ class _Machine:
         memory = view.memory[gpu]
         last_writer = view.last_writer
         track = self.track_races
+        if len(value) == 1:
+            key = (key_buf, first)
+            if track:
+                self._access(view, t, ref, key, True, buf, off)
+            memory[key] = value[0]
+            last_writer[(gpu, key)] = ref
+            return
         for j, v in enumerate(value):
             key = (key_buf, first + j)
             if track:
