@@ -42,7 +42,7 @@ from synth.model.collectives import Collective, make_collective, normalize_name
 from synth.errors import InfeasibleError, InputError, SolverError, SynthError
 from synth.bounds.physical import bandwidth_bound_us
 from synth.schedule.replay import verify
-from synth.schedule.list_scheduler import book_in_order, list_schedule, reverse_in_time
+from synth.schedule.list_scheduler import book_in_order, list_schedule, retime, reverse_in_time
 from synth.schedule.transforms import (CollectiveProblem, Concatenation, Reversal, cut_into_pieces, reduction_for,
                                        split_collective)
 from synth.formulations.routes import (AlphaBetaProblem, Routes, is_symmetric, make_problem, route_loads, routes_from_schedule,
@@ -273,7 +273,9 @@ def _concatenation(reduction: Concatenation, search: _Search) -> _Solved:
     for part in rest:
         coll = make_collective(part.collective, part.topology.num_ranks, base, part.root)
         solved.append(_direct(part.topology, coll, part.sketch, search, k, exact_chunks=total))
-    schedule = reduction.invert([s.schedule for s in solved])
+    # the parts' steps put every ReduceScatter transfer on a link before its Allgather ones; the runtime's channels
+    # let Allgather sends whose data is ready go first, so the plan is what runs only retimed that way
+    schedule = retime(reduction.invert([s.schedule for s in solved]), reduction.problem.topology, search.size_bytes)
     report = verify(schedule, reduction.problem.topology, search.size_bytes)
     status = OPTIMAL if all(s.status == OPTIMAL for s in solved) else FEASIBLE
     gaps = [s.gap for s in solved if s.gap is not None]
