@@ -30,8 +30,8 @@ optimistic on two-node machines (dgx2-2node-tecc Allreduce 1 GB planned at 98.8%
 
 **Channels.** The writer lowers a connection on one channel or spreads it over several (chunk ``c`` on channel
 ``c % k``), each a threadblock with a FIFO of its own; on a link without a switch port nothing orders them, so the
-link serves whichever is ready. The order is timed on 1, 2 and 4 channels (:data:`PLAN_CHANNELS`) and the fastest
-timing is the plan; its steps follow that timing's booking order, so a one-channel lowering runs the same order.
+link serves whichever is ready. Where asked (:func:`list_schedule`; copies only), the order is timed on 1, 2 and 4
+channels (:data:`PLAN_CHANNELS`) and the fastest timing is the plan; its steps follow that timing's booking order, so a one-channel lowering runs the same order.
 :func:`retime` does the same for a schedule made otherwise (a concatenation's parts: dgx1 Allreduce 1 MB replayed
 in the parts' step order at 14.6 us, ran at 13.9 us, retimed 13.9 us).
 
@@ -122,7 +122,7 @@ def _topological(preds, kids) -> list[int]:
 def list_schedule(topology: Topology, collective: Collective, route_links, size_bytes: float, method: str,
                   own_first: bool = False, rank: np.ndarray | None = None, notes: dict | None = None,
                   rule: str = "work", fifo_depth: int | None = RUNTIME_FIFO_DEPTH,
-                  channels: tuple[int, ...] = PLAN_CHANNELS) -> Schedule:
+                  channels: tuple[int, ...] = (1,)) -> Schedule:
     """Book every routed transfer greedily (earliest start first) and return the timed, step-numbered Schedule.
 
     Parameters
@@ -141,7 +141,11 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     fifo_depth : messages a connection holds before its sender waits (the runtime's, by default); None books
         as the replay does, with unbounded buffers and data usable on arrival.
     channels : the channel counts the order is timed on with the runtime's FIFOs; the fastest timing is the plan
-        (:func:`_fastest_in_sequence`).
+        (:func:`_fastest_in_sequence`). One by default; :data:`PLAN_CHANNELS` where it was measured to plan what
+        runs (copies). Not for reductions: partial sums into one chunk that come on several channels wait for each
+        other across threadblocks, which the timing does not see (2 x dgx2 ReduceScatter 1 MB timed on two
+        channels was planned 6% faster than it ran), nor for the forward schedule a reduction is reversed from
+        (dgx-h100 Reduce 1 MB reversed from a Broadcast so ordered ran 19% slower).
 
     Every link keeps its waiting transfers (by ready time, and by priority once they can go); a global heap
     holds one entry per link, so booking a port re-ranks the links through that port, not every transfer
@@ -329,12 +333,16 @@ def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, o
     link_of = [int(x) for x in table.link]
     reduces = [op == REDUCE] * n if isinstance(op, str) else [o == REDUCE for o in op]
     channel = [int(c) % channels for c in table.chunk]
-    sequencer: dict = {}
-    seq_of: list[int] = []                 # transfer -> its sequence
-    for i in range(n):
+    def sequence_key(i: int) -> tuple:
         l = topology.links[link_of[i]]
-        key = (l.src, l.sender_port) if l.sender_port is not None else ("l", link_of[i], channel[i])
-        seq_of.append(sequencer.setdefault(key, len(sequencer)))
+        return (l.src, l.sender_port) if l.sender_port is not None else ("l", link_of[i], channel[i])
+
+    # sequences numbered in link order, which breaks ties between sends ready at once as the simulator does (by
+    # sender rank): a port that two ranks reach together serves the lower first
+    sequencer: dict = {}
+    for li, c, i in sorted((link_of[i], channel[i], i) for i in range(n)):
+        sequencer.setdefault(sequence_key(i), len(sequencer))
+    seq_of = [sequencer[sequence_key(i)] for i in range(n)]    # transfer -> its sequence
     conn = [link_of[i] * channels + channel[i] for i in range(n)]
     queue: list[list[int]] = [[] for _ in sequencer]
     for i in order:
