@@ -50,7 +50,7 @@ from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology, reverse_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import Schedule, Transfer, collective_size
-from synth.schedule.list_scheduler import list_schedule
+from synth.schedule.list_scheduler import PLAN_CHANNELS, list_schedule, retime
 from synth.schedule.transforms import concatenate_schedules, reverse_schedule
 from synth.schedule.replay import ReplayReport, verify
 from synth.solver.deadline import UNBOUNDED, Deadline
@@ -365,7 +365,8 @@ def lockstep(topology: Topology, name: str, routes: HierarchyRoutes, size_bytes:
         parts = [lockstep(topology, part, routes, size_bytes) for part in ("reducescatter", "allgather")]
         schedule = concatenate_schedules(parts, make_collective(name, topology.num_ranks, routes.plan.pieces),
                                          topology.name)
-        return replace(schedule, method="hierarchy", notes=parts[-1].notes)
+        # timed as the runtime serves the parts' sends together (2 x dgx2 1 MB: planned 18.7 us, ran 19.4 us)
+        return replace(retime(schedule, topology, size_bytes), method="hierarchy", notes=parts[-1].notes)
     coll = make_collective(name, topology.num_ranks, routes.plan.pieces)
     c = routes.plan.pieces
     route_links, ranks = [], []
@@ -378,8 +379,11 @@ def lockstep(topology: Topology, name: str, routes: HierarchyRoutes, size_bytes:
         else:
             route_links.append(tuple(topology.link_index[e] for e in edges))
             ranks += [lockstep_rank(routes, chunk, u, v) for u, v in edges]
+    # timed on the channels the writer lowers on (copies only: 2 x dgx2 Allgather 1 MB planned 11.7 us on one, ran
+    # 10.7 us on two, planned so 10.8 us)
     return list_schedule(topology, coll, route_links, size_bytes, "hierarchy", rank=np.array(ranks, dtype=float),
-                         rule="sequence", notes={"hierarchy": routes.describe(), "plan": routes.plan.label(name)})
+                         rule="sequence", notes={"hierarchy": routes.describe(), "plan": routes.plan.label(name)},
+                         channels=PLAN_CHANNELS if name == "allgather" else (1,))
 
 
 @dataclass(frozen=True)
