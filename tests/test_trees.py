@@ -12,6 +12,7 @@ from synth.formulations.trees import broadcast_commodities, decompose, packing_r
 from synth.model.symmetry import free_symmetry_group
 from synth.model.topology import builtin_names, load_topology
 from synth.schedule.replay import verify
+from synth.solver.highs import SolverOptions
 from synth.synthesis.trees import synthesize_trees
 
 GB = 10**9
@@ -165,3 +166,21 @@ def test_reduce_is_the_exact_time_reversal_of_its_broadcast():
     assert reduce.replay_us == pytest.approx(broadcast.replay_us, rel=1e-12)
     assert sorted((t.chunk, t.dst, t.src) for t in reduce.schedule.transfers) == sorted(
         (t.chunk, t.src, t.dst) for t in broadcast.schedule.transfers)
+
+
+@pytest.mark.parametrize("topology,name,chunks", [("dgx1", "reduce", 64), ("dgx1", "allreduce", 16),
+                                                   ("ring-8", "gather", 8), ("dgx-h100", "broadcast", 32)])
+def test_the_runtime_limits_are_checked_on_the_routes_as_the_schedule_will_have_them(topology, name, chunks):
+    """The chunk count is halved on the packings' routes, before scheduling: their messages per connection
+    (reversed for in-trees, both halves of an Allreduce) are exactly the schedule's."""
+    from collections import Counter
+    from synth.schedule.transforms import CollectiveProblem
+    from synth.synthesis.trees import _packings, _schedule
+    topo = load_topology(topology)
+    problem = CollectiveProblem(topo, name, 0 if name != "allreduce" else None, chunks)
+    packed: dict = {}
+    planned = Counter()
+    for packing in _packings(problem, GB, SolverOptions(), packed):
+        planned.update(packing.connections())
+    schedule, _ = _schedule(problem, GB, SolverOptions(), packed)
+    assert planned == Counter((t.src, t.dst) for t in schedule.transfers)

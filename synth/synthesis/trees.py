@@ -216,28 +216,29 @@ def rank_elements(schedule: Schedule) -> int:
     >>> rank_elements(ring)      # the algo, 3 gpus, 1 tb, 2 receives and 2 sends
     9
     """
-    ends = Counter()
-    send_peers, receive_peers = Counter(), Counter()
-    for t in schedule.transfers:
-        ends[t.src] += 1
-        ends[t.dst] += 1
-    for src, dst in {(t.src, t.dst) for t in schedule.transfers}:
+    return _connection_elements(Counter((t.src, t.dst) for t in schedule.transfers), schedule.collective.num_ranks)
+
+
+def _connection_elements(per_connection: Counter, num_ranks: int) -> int:
+    """:func:`rank_elements` from the messages per connection ``(src, dst)``."""
+    ends, send_peers, receive_peers = Counter(), Counter(), Counter()
+    for (src, dst), messages in per_connection.items():
+        ends[src] += messages
+        ends[dst] += messages
         send_peers[src] += 1
         receive_peers[dst] += 1
-    ranks = schedule.collective.num_ranks
-    return max(xml_elements(ranks, max(send_peers[r], receive_peers[r]), ends[r]) for r in range(ranks))
+    return max(xml_elements(num_ranks, max(send_peers[r], receive_peers[r]), ends[r]) for r in range(num_ranks))
 
 
 def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesResult | None:
     """The verified schedule with ``chunks`` per rank, or None when a connection would carry more messages than
     the target's threadblocks can hold over all channels, or a rank more elements than the runtimes' XML reader
-    holds (:func:`rank_elements`)."""
-    schedule, phases = _schedule(CollectiveProblem(topology, name, root, chunks), size_bytes, options, {})
-    per_connection = Counter((t.src, t.dst) for t in schedule.transfers)
-    if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
+    holds (:func:`rank_elements`), both known from the packings' routes before any scheduling."""
+    problem = CollectiveProblem(topology, name, root, chunks)
+    packed: dict = {}
+    if not _routes_fit(_packings(problem, size_bytes, options, packed), topology.num_ranks, target):
         return None
-    if rank_elements(schedule) > MAX_XML_ELEMENTS:
-        return None
+    schedule, phases = _schedule(problem, size_bytes, options, packed)
     report = verify(schedule, topology, size_bytes)
     chunk_bytes = phases[0].chunk_bytes
     frac = sum(p.fractional_units for p in phases) * chunk_bytes / BYTES_PER_US_PER_GBPS
@@ -248,6 +249,52 @@ def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesRe
     gap = None if any(g is None for g in gaps) else max(gaps)
     return TreesResult(schedule, status, gap, chunks, frac, integer, report,
                        sum(p.num_trees for p in phases), 0.0)
+
+
+@dataclass(frozen=True)
+class _Packed:
+    """A packing :func:`_schedule` makes a problem of, with the topology it was packed on (its links are the
+    route indices) and whether that is the problem's topology reversed (a link ``a -> b`` then carries the
+    schedule's transfers ``b -> a``)."""
+
+    phase: _Phase
+    topology: Topology
+    reversed: bool
+
+    def connections(self) -> Counter:
+        """Messages per connection ``(src, dst)`` of the schedule: one per chunk and link of its route."""
+        per_link = Counter(li for route in self.phase.routes for li in route)
+        ends = ((l.dst, l.src) if self.reversed else (l.src, l.dst) for l in self.topology.links)
+        return Counter({pair: per_link[li] for li, pair in enumerate(ends) if per_link[li]})
+
+
+def _packings(problem: CollectiveProblem, size_bytes: float, options: SolverOptions, packed: dict
+              ) -> list[_Packed]:
+    """The packings :func:`_schedule` makes ``problem`` of, kept in ``packed`` so that it does not solve them
+    again."""
+    if problem.collective in REVERSAL_OF:
+        on = reverse_topology(problem.topology)
+        dual = REVERSAL_OF[problem.collective]
+        return [_Packed(_pack(on, dual, size_bytes, problem.root, problem.chunks_per_rank, options, packed), on,
+                        True)]
+    reduction = reduction_for(problem)
+    if reduction is not None:
+        return [p for sub in reduction.apply() for p in _packings(sub, size_bytes, options, packed)]
+    return [_Packed(_pack(problem.topology, problem.collective, size_bytes, problem.root, problem.chunks_per_rank,
+                          options, packed), problem.topology, False)]
+
+
+def _routes_fit(packings: list[_Packed], num_ranks: int, target: str) -> bool:
+    """Whether the schedule of these packings can be lowered: no connection carries more messages than the
+    target's threadblocks hold over :data:`MAX_CHANNELS` channels, and no rank more elements than the runtimes'
+    XML reader holds (counted as :func:`rank_elements` does, from the routes, before the list scheduler spends
+    seconds on a chunk count that would be halved: dgx2 Broadcast 1 GB, 1.5 s)."""
+    per_connection: Counter = Counter()
+    for p in packings:
+        per_connection.update(p.connections())
+    if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
+        return False
+    return _connection_elements(per_connection, num_ranks) <= MAX_XML_ELEMENTS
 
 
 def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions, packed: dict
