@@ -8,16 +8,23 @@ not fit the runtime. The throughput-optimal structure there is known, so it is c
 
 * **rails**: node-to-node links with disjoint NICs (:func:`synth.synthesis.baselines.hierarchical.hierarchical_routes`:
   GPU ``i`` to GPU ``i`` of the next node on a DGX H100, one per NIC pair on a DGX-2, the published models' odd-to-even
-  links); chunk ``c`` takes rail ``c mod R``, so every NIC carries ``1/R`` of the buffer, which is what the bound
-  (the node's NICs) allows. With more than two nodes a rail is a chain through the nodes.
-* **root node**: on an NVSwitch (a node where every GPU reaches every other) the root hands each chunk once to its
-  rail's sender, which passes it to the rest of the node (the root's own rail's chunks go to a helper taking
-  turns), so the root's switch port sends the buffer once; elsewhere the node's fewest-hop tree from the root.
-* **other nodes**: the rail's receiving GPU spreads the chunk through its node (a star on an NVSwitch, its turns
-  rotated so that the senders meet different receivers, else the node's fewest-hop tree).
+  links); every NIC carries ``1/R`` of the chunks, which is what the bound (the node's NICs) allows. With more than
+  two nodes a rail is a chain through the nodes.
+* **root node**: on an NVSwitch with an odd number of peers (8 or 16 GPUs), a Latin square (:func:`latin_trees`):
+  the root hands chunk ``c`` to peer ``c mod m``, which forwards it to the others one slot after another, so that
+  no switch port is ever asked for twice at once and the root's port runs back to back; each NIC takes the chunk
+  its sender has first (the root's own NIC the last ones). Otherwise the root hands each chunk once to its rail's
+  sender, which passes it to the rest of the node (the root's own rail's chunks go to a helper taking turns), or
+  the node's fewest-hop tree from the root.
+* **other nodes**: with two nodes of a Latin square, a square too (:func:`_far_squares`: the rails arrive each at
+  its own phase, and the entries' sends are placed so that no GPU receives twice in a slot); else the rail's
+  receiving GPU spreads the chunk through its node (a star on an NVSwitch, with a partner where some GPUs carry no
+  rail, else the node's fewest-hop tree).
 
-Every sender's sends through one port go in chunk order (:func:`synth.schedule.list_scheduler.list_schedule`
-with ``rule="sequence"``, timed with the runtime's FIFOs), as the lowering keeps them, so the plan is what runs.
+Every sender's sends through one port go in the order of their slots
+(:func:`synth.schedule.list_scheduler.list_schedule` with ``rule="sequence"``, timed with the runtime's FIFOs), as
+the lowering keeps them, so the plan is what runs (2 x dgx-h100 Broadcast 1 GB: 98.4% of the limit simulated with
+1024 chunks, the plan within 0.3% of it).
 Reduce takes the same trees reversed (:func:`synth.schedule.list_scheduler.reverse_in_time`): partial sums
 collect in each node to its rail, cross, and collect at the root; they are booked as they can meet.
 
@@ -574,10 +581,14 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
                   target: str = "executor") -> tuple[int, ...]:
     """Chunk counts worth trying (powers of two, at most :data:`MAX_CHUNKS`).
 
-    On NVSwitch nodes: the most for which the root's busiest hand-out connection holds at most half the target's
-    steps per threadblock (a send and its dependency ``nop`` each), so the program fits one channel, which keeps
-    every connection's order (spread over channels, 2 x dgx-h100 Broadcast 1 GB with 256 chunks simulated at
-    77% of the limit, on one channel 89%, which does not fit the executor), and half of it. Elsewhere (a node
+    A chunk's trip (down the root's node, across a rail, down the other node) should cost at most
+    :data:`PIPELINE_SHARE` of the bound. As a Latin square (:func:`latin_trees`) the fewest chunks for that and half
+    of them: its connections keep their order over channels (2 x dgx-h100 Broadcast 1 GB: 95.2% of the limit
+    simulated with 256 chunks, 97.4% with 512, 98.4% with 1024). On other NVSwitch nodes: the most for which the
+    root's busiest hand-out connection holds at most half the target's steps per threadblock (a send and its
+    dependency ``nop`` each), so the program fits one channel, which keeps every connection's order (spread over
+    channels, 2 x dgx-h100 Broadcast 1 GB with 256 chunks simulated at 77% of the limit, on one channel 89%, which
+    does not fit the executor), and half of it. Elsewhere (a node
     tree, whose connections are chains the lowering spreads over channels without races): the fewest for which
     a chunk's trip (down the root's tree, across a rail, down the other node's tree) costs at most
     :data:`PIPELINE_SHARE` of the bound (2 x ndv2 Broadcast 1 GB: 99.0% of the limit with 128 chunks, 99.8%
