@@ -77,6 +77,7 @@ LABEL = "rooted/"    # the start of every candidate's label
 PERSONALISED_CHUNKS = (8, 16, 32)
 PERSONALISED_RULES = ("work", "tail")
 PERSONALISED_KEPT = 2
+REDUCE_RULES = ("deadline", "work")      # list_schedule rules Reduce's reversed trees are booked by
 OWN_RAIL_SCALES = (1.0, 0.75)     # shares of the balanced count of chunks on the root's own rail
 
 
@@ -510,10 +511,12 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
     if name == "reduce":
         reversed_topology = reverse_topology(topology)
         forward = _broadcast(reversed_topology, chunks, size_bytes, root)
-        # booked greedily, least slack first by the reversal's times: partial sums meet as they come (2 x
-        # dgx-h100 Reduce 1 GB, 128 chunks: 91% of the limit simulated; each port in the reversal's sequence, 82%)
-        return reverse_in_time(forward, topology, make_collective(name, topology.num_ranks, chunks, root),
-                               size_bytes, "rooted", rule="deadline")
+        # booked greedily, partial sums meet as they come: least slack first by the reversal's times (2 x dgx-h100
+        # Reduce 1 GB, 512 chunks: 97.5% of the limit simulated, by the busiest resource first 90.2%), or the
+        # busiest resource first (with 1024 chunks 98.7%, least slack first 86.7%), whichever plan is faster
+        booked = [reverse_in_time(forward, topology, make_collective(name, topology.num_ranks, chunks, root),
+                                  size_bytes, "rooted", rule=rule) for rule in REDUCE_RULES]
+        return min(booked, key=lambda s: max((t.end_us for t in s.transfers), default=0.0))
     return _broadcast(topology, chunks, size_bytes, root)
 
 
@@ -582,13 +585,13 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
     """Chunk counts worth trying (powers of two, at most :data:`MAX_CHUNKS`).
 
     A chunk's trip (down the root's node, across a rail, down the other node) should cost at most
-    :data:`PIPELINE_SHARE` of the bound. As a Latin square (:func:`latin_trees`) the fewest chunks for that and half
-    of them: its connections keep their order over channels (2 x dgx-h100 Broadcast 1 GB: 95.2% of the limit
-    simulated with 256 chunks, 97.4% with 512, 98.4% with 1024). On other NVSwitch nodes: the most for which the
-    root's busiest hand-out connection holds at most half the target's steps per threadblock (a send and its
-    dependency ``nop`` each), so the program fits one channel, which keeps every connection's order (spread over
-    channels, 2 x dgx-h100 Broadcast 1 GB with 256 chunks simulated at 77% of the limit, on one channel 89%, which
-    does not fit the executor), and half of it. Elsewhere (a node
+    :data:`PIPELINE_SHARE` of the bound. As a Latin square (:func:`latin_trees`) the fewest chunks for that, half and
+    a quarter of them: its connections keep their order over channels (2 x dgx-h100 Broadcast 1 GB: 95.2% of the
+    limit simulated with 256 chunks, 97.4% with 512, 98.4% with 1024; 2 x dgx2: 93.3% with 256, 91.5% with 512).
+    On other NVSwitch nodes: the most for which the root's busiest hand-out connection holds at most half the
+    target's steps per threadblock (a send and its dependency ``nop`` each), so the program fits one channel, which
+    keeps every connection's order (spread over channels, 2 x dgx-h100 Broadcast 1 GB with 256 chunks simulated at
+    77% of the limit, on one channel 89%, which does not fit the executor), and half of it. Elsewhere (a node
     tree, whose connections are chains the lowering spreads over channels without races): the fewest for which
     a chunk's trip (down the root's tree, across a rail, down the other node's tree) costs at most
     :data:`PIPELINE_SHARE` of the bound (2 x ndv2 Broadcast 1 GB: 99.0% of the limit with 128 chunks, 99.8%
@@ -610,7 +613,7 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
     if not star:
         return tuple(sorted({c, max(1, c // 4)}))
     if latin_peers(routes) is not None:     # its connections keep their order over channels
-        return tuple(sorted({c, max(1, c // 2)}))
+        return tuple(sorted({c, max(1, c // 2), max(1, c // 4)}))
     while c > 1 and _busiest_hand_out(routes, c) > max_steps(target) // 2:
         c //= 2
     return tuple(sorted({c, max(1, c // 2)}))
