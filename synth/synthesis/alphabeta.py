@@ -42,7 +42,7 @@ from synth.model.collectives import Collective, make_collective, normalize_name
 from synth.errors import InfeasibleError, InputError, SolverError, SynthError
 from synth.bounds.physical import bandwidth_bound_us
 from synth.schedule.replay import verify
-from synth.schedule.list_scheduler import book_in_order, list_schedule, reverse_in_time
+from synth.schedule.list_scheduler import PLAN_CHANNELS, book_in_order, list_schedule, retime, reverse_in_time
 from synth.schedule.transforms import (CollectiveProblem, Concatenation, Reversal, cut_into_pieces, reduction_for,
                                        split_collective)
 from synth.formulations.routes import (AlphaBetaProblem, Routes, is_symmetric, make_problem, route_loads, routes_from_schedule,
@@ -141,6 +141,7 @@ class _Search:
     options: SolverOptions
     pieces: int | None
     baselines: Callable[[str, Topology], BaselineTable]
+    channels: tuple[int, ...] = PLAN_CHANNELS    # the list scheduler's (one for a reduction's forward schedule)
 
 
 def synthesize_alpha_beta(topology: Topology, collective_name: str, size_bytes: float, method: str = "auto",
@@ -251,7 +252,7 @@ def _solve(problem: CollectiveProblem, search: _Search) -> _Solved:
 
 def _reversal(reduction: Reversal, search: _Search) -> _Solved:
     (dual,) = reduction.apply()
-    forward = _solve(dual, search)
+    forward = _solve(dual, replace(search, channels=(1,)))
     problem = reduction.problem
     coll = make_collective(problem.collective, problem.topology.num_ranks,
                            forward.schedule.collective.chunks_per_rank, problem.root)
@@ -273,7 +274,9 @@ def _concatenation(reduction: Concatenation, search: _Search) -> _Solved:
     for part in rest:
         coll = make_collective(part.collective, part.topology.num_ranks, base, part.root)
         solved.append(_direct(part.topology, coll, part.sketch, search, k, exact_chunks=total))
-    schedule = reduction.invert([s.schedule for s in solved])
+    # the parts' steps put every ReduceScatter transfer on a link before its Allgather ones; the runtime's channels
+    # let Allgather sends whose data is ready go first, so the plan is what runs only retimed that way
+    schedule = retime(reduction.invert([s.schedule for s in solved]), reduction.problem.topology, search.size_bytes)
     report = verify(schedule, reduction.problem.topology, search.size_bytes)
     status = OPTIMAL if all(s.status == OPTIMAL for s in solved) else FEASIBLE
     gaps = [s.gap for s in solved if s.gap is not None]
@@ -347,7 +350,7 @@ def _direct(topology: Topology, coll: Collective, sketch: Sketch | None, search:
     status, gap, notes = outcome.status, outcome.gap, outcome.record
     notes["start"] = start_label
     candidates = _evaluate(problem, route_sets, outcome.booked, piece_options, size_bytes, method,
-                           options.deadline)
+                           options.deadline, search.channels)
     if exact_chunks is not None:
         candidates = [c for c in candidates if c.schedule.collective.chunks_per_rank == exact_chunks]
     runnable = [c for c in candidates if c.schedule.collective.runs_at_power_of_two_sizes]
@@ -424,7 +427,7 @@ def _piece_routes(routes: Routes, pieces: int) -> list[tuple[int, ...]]:
 
 
 def _evaluate(problem: AlphaBetaProblem, route_sets, booked: tuple[_Booked, ...], piece_options, size_bytes,
-              method, deadline: Deadline = UNBOUNDED) -> list[Candidate]:
+              method, deadline: Deadline = UNBOUNDED, channels: tuple[int, ...] = (1,)) -> list[Candidate]:
     """List-schedule every route set at every piece count (and book MILP orders), verify, return candidates;
     once ``deadline`` has passed, the candidates built so far (at least one)."""
     topo = problem.topology
@@ -441,7 +444,7 @@ def _evaluate(problem: AlphaBetaProblem, route_sets, booked: tuple[_Booked, ...]
                 return out
             coll = split_collective(problem.collective, k) if k > 1 else problem.collective
             sched = list_schedule(topo, coll, _piece_routes(routes, k), size_bytes, f"alpha-beta:{method}",
-                                  own_first=own_first, notes={"routes": label, "pieces": k})
+                                  own_first=own_first, notes={"routes": label, "pieces": k}, channels=channels)
             out.append(Candidate(f"{label} x{k}", sched, verify(sched, topo, size_bytes).time_us,
                                  max(t.end_us for t in sched.transfers)))
     for b in booked:
