@@ -227,6 +227,9 @@ def test_reducescatter_reversed_from_allgather_pipelines_as_the_allgather_does()
     assert allgather < 0.98 * greedy
     plans = hierarchy_plans(topo, "reducescatter", GB)
     assert {p for p in plans if p.reversal} == {replace(p, reversal=True) for p in plans if not p.reversal}
+    # at equal replayed time the reversal is written (its fused lowering on several channels runs as planned)
+    assert [p.reversal for p in plans if not p.cross] == sorted((p.reversal for p in plans if not p.cross),
+                                                                reverse=True)
     assert not any(p.reversal for p in hierarchy_plans(topo, "allgather", GB))
 
 
@@ -253,3 +256,21 @@ def test_an_alltoall_over_more_peers_than_sms_is_refused_before_composing():
         synthesize_hierarchy(topo, "alltoall", GB)
     check_threadblocks(load_topology("dgx-h100", 126, "rail"), "alltoall", node_trees(topo))   # fits: no error
     check_threadblocks(topo, "allgather", node_trees(topo))
+
+
+def test_solve_refuses_such_an_alltoall_before_building_its_tables_or_bound(monkeypatch):
+    """The composition is all `synth solve` has at 1024 GPUs, so its refusal comes first: not after 10 s of
+    building a million chunks' tables and 10 s of the Alltoall cut bound (25 s of CPU before)."""
+    from synth.errors import BackendError
+    from synth.synthesis import request as request_module
+    from synth.synthesis.request import SynthesisRequest
+    from synth.synthesis.solve import solve
+
+    def no_tables(*args, **kwargs):
+        raise AssertionError("the tables were built before the refusal")
+
+    monkeypatch.setattr(request_module, "lower_bound", no_tables)
+    monkeypatch.setattr("synth.model.collectives.make_collective", no_tables)
+    topo = load_topology("dgx-h100", 128, "rail")
+    with pytest.raises(BackendError, match=r"use at most 126 nodes"):
+        solve(SynthesisRequest(topo, "alltoall", GB))

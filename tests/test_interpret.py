@@ -224,6 +224,30 @@ def test_program_claiming_both_modes_is_checked_in_both():
     assert "postcondition" in kinds(execute_program(both))
 
 
+def _alone(program: MscclProgram, inplace: bool):
+    return execute_program(dataclasses.replace(program, inplace=int(inplace), outofplace=int(not inplace)))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_both_modes_in_one_pass_find_what_each_mode_finds_alone(seed):
+    # the modes share one run (what runs when never depends on the data): the in-place run's verdict must be the
+    # in-place program's own, and what the out-of-place run adds must be what out-of-place finds alone
+    import random
+    from support.mutants import random_mutant
+
+    base = dataclasses.replace(ring_allgather(4, inplace=False), inplace=1, outofplace=1)
+    mutant = random_mutant(base, random.Random(seed))
+    program = base if mutant is None else mutant[1]     # seeds 0: the program itself; 1-7: swaps, peers, counts
+    both, inplace, outofplace = execute_program(program), _alone(program, True), _alone(program, False)
+    assert both.outputs == inplace.outputs and both.completed == inplace.completed
+    assert set(inplace.findings) <= set(both.findings)
+    extra = {(f.kind, f.message.removesuffix(" (in the out-of-place run)"), f.gpu, f.tb, f.step)
+             for f in both.findings if f.message.endswith("(in the out-of-place run)")}
+    if outofplace.completed == inplace.completed:   # the extra mode runs at the depth the first one completed at
+        assert extra == {(f.kind, f.message, f.gpu, f.tb, f.step) for f in outofplace.findings
+                         if f.kind in ("race", "out-of-range", "postcondition")}
+
+
 def test_bad_peer_and_unknown_step_type_are_findings():
     result = execute_program(replace_tb(ring_allgather(3), 0, 0, send=0))
     assert "peer" in kinds(result)

@@ -90,6 +90,9 @@ def _count_simulations(monkeypatch):
 def test_an_expired_deadline_writes_the_first_fitted_variant_verified(monkeypatch, ring4, ring_schedule):
     from backends.msccl.verdict import check_text
     calls = _count_simulations(monkeypatch)
+    # the ring's first variant simulates at its unmerged floor, which would settle it: without that floor, the
+    # plain one may still win
+    monkeypatch.setattr("backends.msccl.writer.unmerged_floor_us", lambda schedule, topology, size: 0.0)
     unhurried = emit_verified_xml(ring_schedule, ring4, "executor", 1 << 20)
     assert len(calls) > 1                  # several variants are timed when there is time
     calls.clear()

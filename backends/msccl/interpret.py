@@ -423,17 +423,21 @@ def execute_program(program: MscclProgram, collective: str | None = None,
     findings += coll_findings
     rt_depth = runtime_fifo_depth(program)
     depth = fifo_depth if fifo_depth is not None else VERDICT_FIFO_DEPTH
-    modes = _modes(program)
+    # every mode the program claims runs in one pass: what runs when does not depend on the data (section on modes
+    # in the module docstring), so the modes share the scheduling and the vector clocks and keep their own data
+    layouts = [make_layout(program, coll, mode) for mode in _modes(program)]
 
-    verdict = _Machine(index, make_layout(program, coll, modes[0]), depth).run()
-    data_run, rt_deadlock = verdict, None
+    verdict_runs = _Machine(index, layouts, depth).run()
+    verdict = verdict_runs[0]
+    data_runs, rt_deadlock = verdict_runs, None
     if fifo_depth is None:
         rt_deadlock = False
         if not verdict.completed:
-            rt_run = _Machine(index, make_layout(program, coll, modes[0]), rt_depth).run()
-            rt_deadlock = not rt_run.completed
-            if rt_run.completed:
-                data_run = rt_run
+            rt_runs = _Machine(index, layouts, rt_depth).run()
+            rt_deadlock = not rt_runs[0].completed
+            if rt_runs[0].completed:
+                data_runs = rt_runs
+    data_run = data_runs[0]
     findings += _deadlock_summary(verdict, rt_deadlock, rt_depth, program.proto)
     findings += [f for f in verdict.findings if f.kind != "deadlock"]
     if data_run is not verdict:
@@ -443,16 +447,15 @@ def execute_program(program: MscclProgram, collective: str | None = None,
     if data_run.completed:
         coll, post = _check_postcondition(coll, data_run, outputs)
         findings += post
-    for extra_mode in modes[1:]:
-        findings += _extra_mode_findings(index, program, coll, extra_mode, data_run.fifo_depth)
+    for extra_run in data_runs[1:]:
+        findings += _extra_mode_findings(program, coll, extra_run)
     return ExecutionResult(tuple(_dedupe(findings)), outputs, verdict.deadlock_cycle, coll, depth, rt_depth,
                            rt_deadlock, data_run.completed, data_run.steps_executed)
 
 
-def _extra_mode_findings(index, program, coll, inplace: bool, depth: int) -> list[Finding]:
-    """Run the second mode a program claims (in-place and out-of-place); label what only it finds."""
-    run = _Machine(index, make_layout(program, coll, inplace), depth).run()
-    mode = "in-place" if inplace else "out-of-place"
+def _extra_mode_findings(program: MscclProgram, coll: Collective | None, run: RunOutcome) -> list[Finding]:
+    """What the run of the second mode a program claims (in-place and out-of-place) finds; labelled with it."""
+    mode = "in-place" if run.layout.inplace else "out-of-place"
     found = [f for f in run.findings if f.kind in ("race", "out-of-range")]
     if run.completed:
         found += _check_postcondition(coll, run, _outputs(program, run))[1]
@@ -647,22 +650,57 @@ def _describe_mismatch(coll, rank, k, got: Counter, want: Counter, writer: Ref |
 # ----------------------------------------------------------------------------------------------- machine
 
 _EMPTY: dict = {}  # the empty multiset; never mutated (multisets are treated as values)
+_NOP = STEP_TYPES["nop"]
 
 
 class _Message(NamedTuple):
     """A message in flight (a NamedTuple: one is built per send, and a frozen dataclass costs 3x as much)."""
 
-    data: tuple             # cnt multisets (dicts)
+    data: tuple             # per run mode (view), the cnt multisets (dicts) it carries
     vc: np.ndarray | None   # sender's vector clock when it sent (None without race analysis)
     ref: Ref
 
 
-class _Machine:
-    """Mutable state of one run at one FIFO depth; ``run`` returns a frozen :class:`RunOutcome`."""
+class _View:
+    """The data of one run mode (in-place or out-of-place) in a run: each gpu's memory, who wrote each slot last,
+    the race history of each slot and the races found, and where the mode's data findings go."""
 
-    def __init__(self, index: ProgramIndex, layout: BufferLayout, depth: int):
-        self.ix = index
+    __slots__ = ("layout", "memory", "last_writer", "history", "races", "findings", "places")
+
+    def __init__(self, layout: BufferLayout, ngpus: int, findings: list[Finding]):
         self.layout = layout
+        self.memory = [dict() for _ in range(ngpus)]
+        for g in range(min(ngpus, len(layout.input_chunks))):
+            for j in range(layout.input_chunks[g]):
+                self.memory[g][layout.key(g, "i", j)] = {(g, j): 1}
+        self.last_writer: dict = {}
+        self.history: dict = {}     # (gpu, key) -> [last write (t, epoch, ref), {t: (epoch, ref)}]
+        self.races: dict = {}       # (ref a, ref b) -> (kind, [slot names])
+        self.findings = findings
+        # per gpu, buffer -> (chunks, key buffer, offset of index 0 in it): BufferLayout.key for a run of slots
+        self.places = [self._places(g) for g in range(len(layout.sizes))]
+
+    def _places(self, gpu: int) -> dict:
+        layout = self.layout
+        places = {}
+        for buf, size in layout.sizes[gpu].items():
+            if layout.inplace and buf in ("i", "o"):
+                places[buf] = (size, "o", layout.offsets[gpu][0 if buf == "i" else 1])
+            else:
+                places[buf] = (size, buf, 0)
+        return places
+
+
+class _Machine:
+    """Mutable state of one run at one FIFO depth; ``run`` returns a frozen :class:`RunOutcome` per layout.
+
+    Which step runs when depends only on the program (step types, counts, peers, dependencies), never on the data,
+    so the run modes a program claims run in one pass: they share the scheduling and the vector clocks, and each
+    layout keeps its own data, races and out-of-range findings (:class:`_View`). The findings about the program
+    itself (counts, deadlocks, unmatched messages) are the first layout's."""
+
+    def __init__(self, index: ProgramIndex, layouts: list[BufferLayout], depth: int):
+        self.ix = index
         self.depth = depth
         n_tbs, n_conns = len(index.tbs), len(index.connections)
         self.pc = [0] * n_tbs
@@ -681,23 +719,16 @@ class _Machine:
         self.blocked: list[tuple | None] = [None] * n_tbs
         self.queued = [True] * n_tbs
         self.runnable = deque(range(n_tbs))
-        self.memory = self._initial_memory(index.program.ngpus)
-        self.last_writer: dict = {}
-        self.history: dict = {}                        # (gpu, key) -> [last write (t, epoch, ref), {t: (epoch, ref)}]
-        self.races: dict = {}                          # (ref a, ref b) -> (kind, [slot names])
         self.findings: list[Finding] = []
+        ngpus = index.program.ngpus
+        self.views = [_View(layout, ngpus, self.findings if v == 0 else []) for v, layout in enumerate(layouts)]
+        self.kinds = [[STEP_TYPES.get(step.type) for step in tb.steps] for tb in index.tbs]   # None: unknown
         self.executed = 0
-
-    def _initial_memory(self, ngpus: int) -> list[dict]:
-        memory = [dict() for _ in range(ngpus)]
-        for g in range(min(ngpus, len(self.layout.input_chunks))):
-            for j in range(self.layout.input_chunks[g]):
-                memory[g][self.layout.key(g, "i", j)] = {(g, j): 1}
-        return memory
 
     # ------------------------------------------------------------------ scheduling
 
-    def run(self) -> RunOutcome:
+    def run(self) -> tuple[RunOutcome, ...]:
+        """Run to the end (or a deadlock); one outcome per layout, in their order."""
         while self.runnable:
             t = self.runnable.popleft()
             self.queued[t] = False
@@ -708,12 +739,15 @@ class _Machine:
             self.findings += self._leftover_messages()
         else:
             cycle = self._report_deadlock()
-        self.findings += self._race_findings()
-        if not self.track_races:
-            self.findings.append(Finding("race", f"race analysis skipped: {len(self.ix.tbs)} threadblocks exceed "
-                                         f"the vector-clock budget of {MAX_RACE_TBS}", "warning"))
-        return RunOutcome(self.depth, completed, self.executed, tuple(self.findings), cycle, self.layout,
-                          tuple(self.memory), self.last_writer)
+        outcomes = []
+        for view in self.views:
+            view.findings += self._race_findings(view)
+            if not self.track_races:
+                view.findings.append(Finding("race", f"race analysis skipped: {len(self.ix.tbs)} threadblocks "
+                                             f"exceed the vector-clock budget of {MAX_RACE_TBS}", "warning"))
+            outcomes.append(RunOutcome(self.depth, completed, self.executed, tuple(view.findings), cycle,
+                                       view.layout, tuple(view.memory), view.last_writer))
+        return tuple(outcomes)
 
     def _wake(self, t: int | None) -> None:
         if t is not None and not self.queued[t]:
@@ -807,11 +841,12 @@ class _Machine:
     # ------------------------------------------------------------------ data
 
     def _apply(self, t: int, k: int, step: Step, msg: _Message | None) -> tuple | None:
-        """Do the step's local reads and writes; return the data it sends (None if it sends nothing)."""
+        """Do the step's local reads and writes in every layout; return the data it sends, per layout (None if it
+        sends nothing)."""
         if self.track_races:
             self.clock[t][t] = k + 1
-        kind = STEP_TYPES.get(step.type)
-        if kind is None or step.type == "nop":
+        kind = self.kinds[t][k]
+        if kind is None or kind is _NOP:
             return None
         rec, _snd, red, writes = kind
         tb = self.ix.tbs[t]
@@ -822,110 +857,131 @@ class _Machine:
                                          gpu=tb.gpu,
                                          tb=tb.id, step=k, line=step.line))
             cnt = 0
-        if rec:
-            value = self._received(msg, cnt, ref, step)
-            if red:
-                local = self._read(t, ref, step.srcbuf, step.srcoff, cnt, step)
-                value = [add_multisets(a, b) for a, b in zip(value, local)]
-        else:
-            value = self._read(t, ref, step.srcbuf, step.srcoff, cnt, step)
-            if red:
-                held = self._read(t, ref, step.dstbuf, step.dstoff, cnt, step)
-                value = [add_multisets(a, b) for a, b in zip(held, value)]
-        if writes:
-            self._write(t, ref, step.dstbuf, step.dstoff, value, step)
-        return tuple(value)
+        received = self._received(msg, cnt, ref, step) if rec else None
+        out = []
+        for v, view in enumerate(self.views):
+            if rec:
+                value = received[v]
+                if red:
+                    local = self._read(view, t, ref, step.srcbuf, step.srcoff, cnt, step)
+                    value = [add_multisets(a, b) for a, b in zip(value, local)]
+            else:
+                value = self._read(view, t, ref, step.srcbuf, step.srcoff, cnt, step)
+                if red:
+                    held = self._read(view, t, ref, step.dstbuf, step.dstoff, cnt, step)
+                    value = [add_multisets(a, b) for a, b in zip(held, value)]
+            if writes:
+                self._write(view, t, ref, step.dstbuf, step.dstoff, value, step)
+            out.append(tuple(value))
+        return tuple(out)
 
     def _received(self, msg: _Message | None, cnt: int, ref: Ref, step: Step) -> list:
+        """Per layout, the ``cnt`` multisets the step takes from its message."""
         if msg is None:  # the receive part was dropped (no receive peer): nothing arrives
-            return [_EMPTY] * cnt
+            return [[_EMPTY] * cnt for _ in self.views]
         data = msg.data
-        if len(data) == cnt:
-            return list(data)
+        sent = len(data[0])
+        if sent == cnt:
+            return [list(d) for d in data]
         s = msg.ref
         self.findings.append(Finding("count", f"{step.type} step receives cnt {cnt}, but the matching send (gpu "
-                                     f"{s[0]} tb {s[1]} step {s[2]}) has cnt {len(data)}", gpu=ref[0],
+                                     f"{s[0]} tb {s[1]} step {s[2]}) has cnt {sent}", gpu=ref[0],
                                      tb=ref[1], step=ref[2], line=step.line))
-        data = list(data[:cnt])
-        return data + [_EMPTY] * (cnt - len(data))
+        return [list(d[:cnt]) + [_EMPTY] * (cnt - min(cnt, sent)) for d in data]
 
-    def _slots(self, t: int, ref: Ref, buf: str, off: int, cnt: int, step: Step, verb: str) -> list | None:
+    def _slots(self, view: _View, ref: Ref, buf: str, off: int, cnt: int, step: Step, verb: str
+               ) -> tuple[str, int] | None:
+        """Where ``buf[off:off + cnt]`` of the step's gpu lives in ``view``: (key buffer, index of the first
+        slot); None (with a finding) when it is not there."""
         gpu = ref[0]
-        layout = self.layout
-        size = layout.sizes[gpu].get(buf) if 0 <= gpu < len(layout.sizes) else None
-        if size is None:
-            self.findings.append(Finding("out-of-range", f"{verb} unknown buffer {buf!r}", gpu=gpu, tb=ref[1],
+        place = view.places[gpu].get(buf) if 0 <= gpu < len(view.places) else None
+        if place is None:
+            view.findings.append(Finding("out-of-range", f"{verb} unknown buffer {buf!r}", gpu=gpu, tb=ref[1],
                                          step=ref[2], line=step.line))
             return None
+        size, key_buf, base = place
         if off < 0 or off + cnt > size:
-            self.findings.append(Finding("out-of-range", f"{verb} {buf}[{off}:{off + cnt}], but {buf} has {size} "
+            view.findings.append(Finding("out-of-range", f"{verb} {buf}[{off}:{off + cnt}], but {buf} has {size} "
                                          f"chunk(s) on gpu {gpu}", gpu=gpu, tb=ref[1], step=ref[2], line=step.line))
             return None
-        if layout.inplace and (buf == "i" or buf == "o"):   # BufferLayout.key, for a run of slots
-            base = off + layout.offsets[gpu][0 if buf == "i" else 1]
-            return [("o", base + j) for j in range(cnt)]
-        return [(buf, off + j) for j in range(cnt)]
+        return key_buf, base + off
 
-    def _read(self, t: int, ref: Ref, buf: str, off: int, cnt: int, step: Step) -> list:
-        keys = self._slots(t, ref, buf, off, cnt, step, "reads")
-        if keys is None:
+    def _read(self, view: _View, t: int, ref: Ref, buf: str, off: int, cnt: int, step: Step) -> list:
+        where = self._slots(view, ref, buf, off, cnt, step, "reads")
+        if where is None:
             return [_EMPTY] * cnt
+        key_buf, first = where
+        get = view.memory[ref[0]].get
+        if cnt == 1:
+            key = (key_buf, first)
+            if self.track_races:
+                self._access(view, t, ref, key, False, buf, off)
+            return [get(key, _EMPTY)]
+        keys = [(key_buf, first + j) for j in range(cnt)]
         if self.track_races:
             for j, key in enumerate(keys):
-                self._access(t, ref, key, False, buf, off + j)
-        get = self.memory[ref[0]].get
+                self._access(view, t, ref, key, False, buf, off + j)
         return [get(key, _EMPTY) for key in keys]
 
-    def _write(self, t: int, ref: Ref, buf: str, off: int, value: list, step: Step) -> None:
-        keys = self._slots(t, ref, buf, off, len(value), step, "writes")
-        if keys is None:
+    def _write(self, view: _View, t: int, ref: Ref, buf: str, off: int, value: list, step: Step) -> None:
+        where = self._slots(view, ref, buf, off, len(value), step, "writes")
+        if where is None:
             return
+        key_buf, first = where
         gpu = ref[0]
-        memory = self.memory[gpu]
-        last_writer = self.last_writer
+        memory = view.memory[gpu]
+        last_writer = view.last_writer
         track = self.track_races
-        for j, (key, v) in enumerate(zip(keys, value)):
+        if len(value) == 1:
+            key = (key_buf, first)
             if track:
-                self._access(t, ref, key, True, buf, off + j)
+                self._access(view, t, ref, key, True, buf, off)
+            memory[key] = value[0]
+            last_writer[(gpu, key)] = ref
+            return
+        for j, v in enumerate(value):
+            key = (key_buf, first + j)
+            if track:
+                self._access(view, t, ref, key, True, buf, off + j)
             memory[key] = v
             last_writer[(gpu, key)] = ref
 
     # ------------------------------------------------------------------ races
 
-    def _access(self, t: int, ref: Ref, key, write: bool, buf: str, index: int) -> None:
+    def _access(self, view: _View, t: int, ref: Ref, key, write: bool, buf: str, index: int) -> None:
         """Check one access to chunk ``buf[index]`` against the slot's last write and the reads since
         (FastTrack-style)."""
-        if not self.track_races:
-            return
         slot = (ref[0], key)
         epoch = ref[2] + 1
-        vc = self.clock[t]
-        hist = self.history.get(slot)
+        history = view.history
+        hist = history.get(slot)
         if hist is None:
-            self.history[slot] = [(t, epoch, ref) if write else None, {} if write else {t: (epoch, ref)}]
+            history[slot] = [(t, epoch, ref), {}] if write else [None, {t: (epoch, ref)}]
             return
+        vc = self.clock[t]
         last = hist[0]
         if last is not None and last[0] != t and vc[last[0]] < last[1]:
-            self._race(last[2], ref, "write-write" if write else "write-read", f"{buf}[{index}]")
+            self._race(view, last[2], ref, "write-write" if write else "write-read", f"{buf}[{index}]")
         if write:
             for u, (e, other) in hist[1].items():
                 if u != t and vc[u] < e:
-                    self._race(other, ref, "read-write", f"{buf}[{index}]")
+                    self._race(view, other, ref, "read-write", f"{buf}[{index}]")
             hist[0] = (t, epoch, ref)
             hist[1] = {}
         else:
             hist[1][t] = (epoch, ref)
 
-    def _race(self, first: Ref, second: Ref, kind: str, name: str) -> None:
-        entry = self.races.setdefault((first, second), (kind, []))
+    @staticmethod
+    def _race(view: _View, first: Ref, second: Ref, kind: str, name: str) -> None:
+        entry = view.races.setdefault((first, second), (kind, []))
         if name not in entry[1]:
             entry[1].append(name)
 
-    def _race_findings(self) -> list[Finding]:
+    def _race_findings(self, view: _View) -> list[Finding]:
         out = []
         verbs = {"write-write": "both write", "write-read": "one writes and the other reads",
                  "read-write": "one reads and the other writes"}
-        for (a, b), (kind, names) in self.races.items():
+        for (a, b), (kind, names) in view.races.items():
             step_a = self._step(a)
             step_b = self._step(b)
             out.append(Finding("race", f"tb {a[1]} step {a[2]} ({step_a}) and tb {b[1]} step {b[2]} ({step_b}) may run "

@@ -40,6 +40,7 @@ from backends.msccl.limits import LIMIT_KINDS, MAX_CNT, MAX_XML_CHILDREN
 from backends.msccl.fit import (Fit, Lowering, fit_lowering, has_multi_chunk_messages, hopeless, in_flight_channels,
                                iter_wider_fits, lower_fitted, measure, unmerged_too_long, whole_message_fit,
                                wider_channels)
+from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
 from backends.msccl.simulate import simulate_program
@@ -111,8 +112,10 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
 
     Variants are made lazily, unmerged fused ones first (:func:`_variants`), and no more are made once none still
     to come can beat the fastest simulated so far: none simulates faster than the schedule's link and port loads
-    allow (:func:`synth.schedule.costmodel.load_bound_us`, whatever the channels and merging), so a variant that
-    simulates at that bound is not beaten, and a plain one must beat an unmerged fused one by :data:`TIE`. Once
+    allow (:func:`~backends.msccl.floor.schedule_floor_us`, whatever the channels and merging; for variants that send
+    each transfer as its own message, its pipeline's fill and drain too, :func:`~backends.msccl.floor.unmerged_floor_us`),
+    so a variant that simulates at that bound is not beaten, and a plain one must beat an unmerged fused one by
+    :data:`TIE`. Once
     ``deadline`` (a :class:`synth.solver.deadline.Deadline`) has expired no further variant is made once one fits;
     the others are made only when every one made fails its verdict.
 
@@ -136,7 +139,7 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     variants = _variants(schedule, topology, target, failures, options,
                          whole_messages=bool(size_bytes) and _alpha_bound(schedule, topology, size_bytes),
                          progress=progress)
-    floor_us = None     # no program of the schedule simulates faster (computed with the first one)
+    floors = _Floors(schedule, topology, size_bytes)     # no program of the schedule simulates faster
     timed: list[tuple[tuple, float | None, Fit]] = []    # (sort key, simulated us, fit), not yet judged
     programs: list[MscclProgram] = []                     # every program timed (the same one is not timed twice)
     exhausted, first_round, cut = False, True, False
@@ -145,14 +148,12 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
             if any(fit.program == p for p in programs):
                 continue
             programs.append(fit.program)
-            if floor_us is None:
-                floor_us = schedule_floor_us(schedule, topology, size_bytes) if size_bytes else 0.0
             if size_bytes:
                 progress(f"    simulating the {fit.lowering.label} lowering ({fit.program.num_steps} steps)")
             time_us = _simulated_us(fit.program, topology, size_bytes)
             timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
             expired = deadline is not None and deadline.expired
-            settled = first_round and _settled(timed, floor_us, later, plan_us)
+            settled = first_round and _settled(timed, floors, later, plan_us)
             if first_round and (expired or settled):
                 cut = expired and not settled
                 break
@@ -182,14 +183,6 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     if all(limit for _, limit in failures):
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")
     raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
-
-
-def schedule_floor_us(schedule: Schedule, topology: Topology, size_bytes: float) -> float:
-    """No MSCCL file written for ``schedule`` simulates faster than this at ``size_bytes`` (us): its link and port
-    loads (:func:`synth.schedule.costmodel.load_bound_us`), whatever the channels and the merging (``cnt`` up to
-    the runtime's largest). Judged before anything is lowered, so a file that cannot win is never written."""
-    return load_bound_us(((t.src, t.dst) for t in schedule.transfers), topology,
-                         schedule.collective.chunk_bytes(size_bytes), MAX_CNT)
 
 
 def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],
@@ -293,17 +286,41 @@ def _sort_key(time_us: float | None, lowering: Lowering) -> tuple:
     return (effective, not lowering.fuse, lowering.channels)
 
 
-def _settled(timed: list, floor_us: float, later: tuple[Lowering, ...], plan_us: float | None = None) -> bool:
+def _settled(timed: list, floors: _Floors, later: tuple[Lowering, ...], plan_us: float | None = None) -> bool:
     """Whether no variant still to come (of the kinds ``later``) can be chosen for being faster than the best
-    timed: none simulates faster than ``floor_us``, and none with merged steps faster than ``plan_us`` either
+    timed: none simulates faster than the schedule's floor (:func:`~backends.msccl.floor.schedule_floor_us`; one
+    that sends each transfer as its own message, no faster than :func:`~backends.msccl.floor.unmerged_floor_us`,
+    asked for only when the first does not settle it), and none with merged steps faster than ``plan_us`` either
     (when given), which they are not worth lowering for unless the best is more than :data:`TIE` slower (a
     merged program trades pipelining for fitting: dgx1 Broadcast 1 GB, plain 0.02% slower than planned, merged
     51%). Equal times settle it, up to the simulator's rounding (a variant as fast is not worth another
     lowering)."""
     best = min(entry[0][0] for entry in timed)
-    merged_floor_us = max(floor_us, (plan_us or 0.0) * (1 + TIE))
-    return all(best <= _sort_key(merged_floor_us if lowering.max_cnt > 1 else floor_us, lowering)[0] * (1 + SAME)
-               for lowering in later)
+
+    def beaten(lowering: Lowering, floor_us: float) -> bool:
+        return best <= _sort_key(floor_us, lowering)[0] * (1 + SAME)
+
+    merged_floor_us = max(floors.any_us, (plan_us or 0.0) * (1 + TIE))
+    # the unmerged floor is never above the plan (the replay is one timing it bounds): not worth making otherwise
+    return all(beaten(lowering, merged_floor_us) if lowering.max_cnt > 1 else
+               beaten(lowering, floors.any_us) or ((plan_us is None or beaten(lowering, plan_us))
+                                                   and beaten(lowering, floors.unmerged_us)) for lowering in later)
+
+
+class _Floors:
+    """The schedule's floors at ``size_bytes`` (:mod:`backends.msccl.floor`), each computed when first asked for
+    (0 without a size: nothing is timed then)."""
+
+    def __init__(self, schedule: Schedule, topology: Topology, size_bytes: int | None):
+        self.schedule, self.topology, self.size_bytes = schedule, topology, size_bytes
+
+    @functools.cached_property
+    def any_us(self) -> float:
+        return schedule_floor_us(self.schedule, self.topology, self.size_bytes) if self.size_bytes else 0.0
+
+    @functools.cached_property
+    def unmerged_us(self) -> float:
+        return unmerged_floor_us(self.schedule, self.topology, self.size_bytes) if self.size_bytes else 0.0
 
 
 def _favoured(lowering: Lowering) -> bool:

@@ -19,7 +19,7 @@ from typing import Callable
 
 from synth.bounds.physical import Bound, lower_bound
 from synth.errors import InputError
-from synth.model.collectives import make_collective, normalize_name
+from synth.model.collectives import check_collective, normalize_name
 from synth.model.topology import Topology, check_connected
 from synth.solver.deadline import UNBOUNDED, Deadline, search_deadline
 from synth.solver.highs import SolverOptions
@@ -77,7 +77,7 @@ class SynthesisRequest:
                              "auto|routed|timexp|steps")
         if self.target not in ("executor", "legacy"):
             raise InputError("--target", "", f"unknown target {self.target!r}; choose executor or legacy")
-        make_collective(self.collective, self.topology.num_ranks, self.chunks or 1, self.root)  # validates root
+        check_collective(self.collective, self.topology.num_ranks, self.chunks or 1, self.root)
         check_connected(self.topology)
         if self.deadline.bounded:
             object.__setattr__(self, "options", replace(self.options, deadline=search_deadline(self.deadline)))
