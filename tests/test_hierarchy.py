@@ -266,11 +266,24 @@ def test_solve_refuses_such_an_alltoall_before_building_its_tables_or_bound(monk
     from synth.synthesis.request import SynthesisRequest
     from synth.synthesis.solve import solve
 
-    def no_tables(*args, **kwargs):
-        raise AssertionError("the tables were built before the refusal")
+    from synth.model.collectives import make_collective
 
-    monkeypatch.setattr(request_module, "lower_bound", no_tables)
-    monkeypatch.setattr("synth.model.collectives.make_collective", no_tables)
+    def no_bound(*args, **kwargs):
+        raise AssertionError("the bound was computed before the refusal")
+
+    monkeypatch.setattr(request_module, "lower_bound", no_bound)
     topo = load_topology("dgx-h100", 128, "rail")
+    make_collective.cache_clear()
     with pytest.raises(BackendError, match=r"use at most 126 nodes"):
         solve(SynthesisRequest(topo, "alltoall", GB))
+    assert make_collective.cache_info().currsize == 0     # no tables built
+
+
+def test_the_early_refusal_leaves_rooted_collectives_to_their_composition():
+    """Broadcast and Reduce across nodes count as composed (by the rooted composition, which the hierarchy's
+    own check refuses): on more ranks than the flat searches take, `synth solve` still writes them."""
+    from synth.synthesis.request import SynthesisRequest
+    from synth.synthesis.solve import solve
+
+    result = solve(SynthesisRequest(load_topology("ndv2", 2), "reduce", 1 << 20))
+    assert result.chosen.candidate.label.startswith("rooted"), result.chosen.candidate.label

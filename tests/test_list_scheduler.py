@@ -162,3 +162,22 @@ def test_a_retimed_allreduce_plans_what_its_file_runs():
     assert planned < verify(allreduce, topo, MB).time_us * 0.9
     simulated = emit_verified_xml(retimed, topo, "executor", MB, plan_us=planned).simulated_us
     assert simulated == pytest.approx(planned, rel=0.03)
+
+
+def test_sends_that_reach_a_shared_port_together_go_in_the_simulators_order():
+    """Seven GPUs of a dgx-h100 send their partial sums to GPU 2 at once, the schedule's steps naming GPU 7 first:
+    no program can order sends of different ranks, and the simulator serves them by sender rank, so the retimed
+    plan does too and its time is the file's (a plan that kept the steps' order was 5% off on dgx-h100 Reduce
+    1 MB once the sends that followed differed)."""
+    from synth.schedule.ir import REDUCE, Schedule, Transfer
+    from synth.schedule.list_scheduler import retime
+
+    topo = load_topology("dgx-h100")
+    coll = make_collective("reduce", 8, 1, root=2)
+    senders = [7, 6, 5, 4, 3, 1, 0]
+    schedule = Schedule(coll, topo.name, tuple(Transfer(0, r, 2, k, REDUCE) for k, r in enumerate(senders)),
+                        len(senders), method="test")
+    retimed = retime(schedule, topo, MB, channels=(1,))
+    assert [t.src for t in retimed.ordered()] == sorted(senders)
+    planned = verify(retimed, topo, MB).time_us
+    assert _simulated(retimed, topo, MB) == pytest.approx(planned)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from backends.msccl.fit import Lowering, fit_lowering, lower_fitted, measure, wider_fits
 from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
 from backends.msccl.simulate import simulate_program
 from synth.model.collectives import make_collective
@@ -13,21 +12,9 @@ from synth.schedule.ir import REDUCE, Schedule, Transfer
 from synth.schedule.replay import replay_time
 from synth.synthesis.baselines import build_baseline
 
+from support.variants import unmerged_variants
+
 SIZES = (1 << 10, 1 << 20, 1 << 30)
-
-
-def _unmerged_variants(schedule, topology):
-    """Every unmerged fitted lowering the writer may make (each channel spread, fused and plain, in link order)."""
-    out = []
-    for fuse in (True, False):
-        fit = fit_lowering(schedule, topology, "executor", fuse, most_cnt=1)
-        if not fit.fits:
-            continue
-        out += wider_fits(schedule, topology, "executor", fit)
-        ordered = Lowering(fuse, fit.lowering.channels, in_link_order=True)
-        out.append(measure(lower_fitted(schedule, topology, "executor", ordered), ordered, "executor",
-                           topology.sms_per_gpu))
-    return [v for v in out if v.fits]
 
 
 def _cases():
@@ -59,7 +46,7 @@ def cases():
 def test_no_unmerged_file_simulates_faster_than_the_unmerged_floor(cases):
     checked = 0
     for name, topology, schedule in cases:
-        variants = _unmerged_variants(schedule, topology)
+        variants = unmerged_variants(schedule, topology)
         for size in SIZES:
             floor = unmerged_floor_us(schedule, topology, size)
             assert floor >= schedule_floor_us(schedule, topology, size)
