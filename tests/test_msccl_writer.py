@@ -120,7 +120,7 @@ def _every_variant(schedule, topology, size):
 @pytest.mark.parametrize("case", ["ring-4 steps", "dgx1 ring c4", "dgx1 allreduce ring c2"])
 def test_variants_left_unmade_could_not_have_won(case, ring4, dgx1, ring_schedule):
     """The writer stops making variants at a bound no variant beats: it writes what trying all of them would."""
-    from backends.msccl.writer import schedule_floor_us
+    from backends.msccl.floor import schedule_floor_us
     from synth.synthesis.baselines import build_baseline
     topology, schedule = {"ring-4 steps": (ring4, ring_schedule),
                           "dgx1 ring c4": (dgx1, build_baseline("ring", "allgather", dgx1, 4)),

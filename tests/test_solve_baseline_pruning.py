@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends.msccl.writer import emit_verified_xml, schedule_floor_us
+from backends.msccl.floor import schedule_floor_us
+from backends.msccl.writer import emit_verified_xml
 from synth.model.topology import load_topology
 from synth.synthesis.baselines import build_baseline
 from synth.synthesis.method import Method

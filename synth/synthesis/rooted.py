@@ -257,8 +257,9 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int, chunk_byt
     senders = [rail[n0][0] for rail in routes.rails]
     steps = latin_steps(m)
     switch_GBps = topology.link(root, peers[0]).capacity_GBps
+    port_GBps = topology.port_capacity()
     nic_slots = [switch_GBps / min([topology.link(*rail[n0]).capacity_GBps]
-                               + [topology.port_capacity()[p] for p in topology.link(*rail[n0]).ports])
+                               + [port_GBps[p] for p in topology.link(*rail[n0]).ports])
                  for rail in routes.rails]
     # the rails' senders first, or every other place (on a DGX-2 half the peers carry no rail): whichever lets
     # the NICs cross without waiting (a NIC that waits changes its phase, and the other node's square no longer
@@ -527,13 +528,13 @@ def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) ->
     routes = RootedRoutes(topology, root)
     timed = latin_trees(topology, routes, chunks, size_bytes / chunks)
     if timed is not None:
-        route_links = [tuple(topology.link_index[e] for e in t.edges) for t in timed]
+        trees = [t.edges for t in timed]
         rank = np.array([r for t in timed for r in t.rank])
     else:
         trees = [routes.tree(c) for c in range(chunks)]
-        route_links = [tuple(topology.link_index[e] for e in tree) for tree in trees]
         depth = max(len(t) for t in trees)
         rank = np.array([c * depth + h for c, tree in enumerate(trees) for h in range(len(tree))], dtype=float)
+    route_links = [tuple(topology.link_index[e] for e in tree) for tree in trees]
     return list_schedule(topology, make_collective("broadcast", topology.num_ranks, chunks, root), route_links,
                          size_bytes, "rooted", rank=rank, rule="sequence",
                          notes={"plan": f"{LABEL}c{chunks}", "rails": len(routes.rails),

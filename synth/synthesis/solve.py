@@ -35,9 +35,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from backends.msccl.floor import schedule_floor_us
 from backends.msccl.lowering import DEFAULT_MAX_BYTES
-from backends.msccl.writer import (EmittedXml, check_target_holds, check_target_knows, emit_verified_xml,
-                                   schedule_floor_us)
+from backends.msccl.writer import EmittedXml, check_target_holds, check_target_knows, emit_verified_xml
 from synth.errors import BackendError, InputError, VerificationError
 from synth.schedule.costmodel import algbw_GBps
 from synth.solver.deadline import Deadline
@@ -339,7 +339,7 @@ def _cannot_beat_written(candidate: Candidate, written: list[WrittenCandidate],
                          request: SynthesisRequest, progress: Progress) -> bool:
     """Whether no file of this baseline can simulate faster than a baseline file already written or, before any
     is, than the fastest file that may be chosen: its link and port loads alone take longer
-    (:func:`backends.msccl.writer.schedule_floor_us`, a sound bound, where the replay is not). Such a file changes
+    (:func:`backends.msccl.floor.schedule_floor_us`, a sound bound, where the replay is not). Such a file changes
     neither the choice nor the best-baseline figure (without a baseline file, the report compares with the
     fastest runnable baseline's replay, which its file could only exceed), and at 256 GPUs writing one costs
     minutes (a halving-doubling Allreduce 8x slower than the hierarchical one; at 512 GPUs the flat ring, 7.6x
