@@ -287,3 +287,31 @@ def test_the_early_refusal_leaves_rooted_collectives_to_their_composition():
 
     result = solve(SynthesisRequest(load_topology("ndv2", 2), "reduce", 1 << 20))
     assert result.chosen.candidate.label.startswith("rooted"), result.chosen.candidate.label
+
+
+def test_a_composition_that_cannot_load_is_refused_before_its_replay(monkeypatch):
+    """At 128 x dgx-h100 an Allreduce composition's every rank needs at least 4361 XML elements (of 4095): the
+    floor on its transfers says so before the replay and the lowerings (an hour of them before). A refused plan is
+    named; when every plan is refused the refusal lists them all."""
+    from synth.errors import BackendError
+    from synth.synthesis import hierarchy
+
+    def no_replay(*args, **kwargs):
+        raise AssertionError("a composition that cannot load was replayed")
+
+    topo = load_topology("dgx-h100", 4, "rail")
+    plans = hierarchy_plans(topo, "allgather", GB)
+    monkeypatch.setattr(hierarchy, "hopeless", lambda schedule, topology, target: "rank 3 loads too much")
+    monkeypatch.setattr(hierarchy, "verify", no_replay)
+    with pytest.raises(BackendError) as caught:
+        synthesize_hierarchy(topo, "allgather", GB)
+    assert str(caught.value) == ("no composition of allgather over 4 x 8 GPUs can load on the executor runtime: "
+                                 + "; ".join(f"{p.label('allgather')}: rank 3 loads too much" for p in plans))
+    first = plans[0].label("allgather")
+    monkeypatch.undo()
+    monkeypatch.setattr(hierarchy, "hopeless", lambda schedule, topology, target: (
+        "rank 3 loads too much" if schedule.notes["plan"] == first else None))
+    heard = []
+    found = synthesize_hierarchy(topo, "allgather", GB, progress=heard.append)
+    assert first not in {c.plan.label("allgather") for c in found} and found
+    assert f"  [1/{len(plans)}] {first}: cannot load, not replayed (rank 3 loads too much)" in heard

@@ -44,6 +44,7 @@ from typing import Callable
 
 import numpy as np
 
+from backends.msccl.fit import hopeless
 from backends.msccl.limits import MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
 from synth.errors import BackendError, InputError
 from synth.model.collectives import make_collective, normalize_name
@@ -552,19 +553,27 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
     progress(f"  hierarchy: composing {len(plans)} plan(s) of one rail and one node over {topology.num_nodes} x "
              f"{topology.gpus_per_node} GPUs ({', '.join(p.label(collective) for p in plans)}), each replayed")
     if executor is None:
-        results = (_compose_and_replay(topology, collective, p, size_bytes, root, nodes) for p in plans)
+        results = (_compose_and_replay(topology, collective, p, size_bytes, root, nodes, target) for p in plans)
     else:
-        futures = [executor.submit(_compose_and_replay, topology, collective, p, size_bytes, root, nodes)
+        futures = [executor.submit(_compose_and_replay, topology, collective, p, size_bytes, root, nodes, target)
                    for p in plans]
         results = (f.result() for f in futures)
-    out = []
+    out, refused = [], []
     for k, c in enumerate(results, 1):
-        progress(f"  [{k}/{len(plans)}] {c.plan.label(collective)}: {c.report.time_us:.2f} us "
-                 f"({len(c.schedule.transfers)} transfers)")
-        out.append(c)
-        if deadline.expired and k < len(plans):
+        if isinstance(c, Unloadable):
+            progress(f"  [{k}/{len(plans)}] {c.plan.label(collective)}: cannot load, not replayed ({c.reason})")
+            refused.append(c)
+        else:
+            progress(f"  [{k}/{len(plans)}] {c.plan.label(collective)}: {c.report.time_us:.2f} us "
+                     f"({len(c.schedule.transfers)} transfers)")
+            out.append(c)
+        if deadline.expired and k < len(plans) and out:
             progress(f"  time limit reached: {len(plans) - k} composition(s) not tried")
             break
+    if not out:
+        raise BackendError(f"no composition of {collective} over {topology.num_nodes} x {topology.gpus_per_node} "
+                           f"GPUs can load on the {target} runtime: " + "; ".join(
+                               f"{c.plan.label(collective)}: {c.reason}" for c in refused))
     return worth_writing(out)
 
 
@@ -604,11 +613,26 @@ def worth_writing(candidates: list[HierarchyCandidate]) -> list[HierarchyCandida
     return sorted(kept, key=lambda c: c.report.time_us)
 
 
+@dataclass(frozen=True)
+class Unloadable:
+    """A composition no lowering can load on the runtime (:func:`backends.msccl.fit.hopeless`), found from its
+    transfers before the replay (at 128 x 8 GPUs, Allreduce: 2,095,104 transfers composed in about a minute, whose
+    replay and lowerings took the rest of an hour before the XML reader's limit ruled them out)."""
+
+    plan: HierarchyPlan
+    reason: str
+
+
 def _compose_and_replay(topology: Topology, collective: str, plan: HierarchyPlan, size_bytes: float,
-                        root: int | None, nodes: NodeTrees) -> HierarchyCandidate:
-    """One composition, replayed (a module-level function, so process pools and Dask can run it)."""
+                        root: int | None, nodes: NodeTrees, target: str = "executor"
+                        ) -> HierarchyCandidate | Unloadable:
+    """One composition, replayed unless it cannot load (a module-level function, so process pools and Dask can
+    run it)."""
     t0 = time.perf_counter()
     schedule = compose(topology, collective, plan, size_bytes, root, nodes)
+    reason = hopeless(schedule, topology, target)
+    if reason is not None:
+        return Unloadable(plan, reason)
     report = verify(schedule, topology, size_bytes)
     return HierarchyCandidate(plan, schedule, report, time.perf_counter() - t0,
                               topology.num_nodes * topology.gpus_per_node)
