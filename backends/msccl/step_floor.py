@@ -25,6 +25,7 @@ Why the floor holds for every lowering (:mod:`backends.msccl.lowering`, :mod:`ba
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 import numpy as np
 
@@ -127,11 +128,15 @@ def _forwards(src, dst, chunk, step, n: int) -> np.ndarray:
                        minlength=n).astype(np.int64)
 
 
-def element_floor_reason(schedule: Schedule, target: str, sms: int | None = None) -> str | None:
+def element_floor_reason(schedule: Schedule, target: str, sms: int | None = None,
+                         ranks: Iterable[int] | None = None) -> str | None:
     """Why no lowering of ``schedule`` can load on ``target`` (its XML reader's elements, or more steps than the
-    GPU's SMs hold in threadblocks), from :func:`rank_floors`; None when one may."""
+    GPU's SMs hold in threadblocks), from :func:`rank_floors` of ``ranks`` (default: all; a schedule holding only
+    some ranks' transfers has their floors whole); None when one may."""
     n = schedule.num_ranks
     floors = rank_floors(schedule)
+    if ranks is not None:
+        floors = [floors[r] for r in ranks]
     worst = max(floors, key=lambda f: f.elements(n))
     if worst.elements(n) > MAX_XML_ELEMENTS:
         return (f"rank {worst.rank} loads at least {worst.elements(n)} XML elements whatever the lowering (the "
