@@ -21,7 +21,7 @@ def test_a_baseline_whose_links_alone_are_slower_is_not_written():
     lines: list[str] = []
     s = solve(SynthesisRequest(load_topology("fully-connected-8"), "allgather", GIB, method=Method.TREES),
               progress=lines.append)
-    assert "  baseline/all-pairs/c2 not written: its links alone need 5369.41 us, and baseline/all-pairs/c1 " \
+    assert "  baseline/all-pairs/c2 not written: its messages alone need 5369.41 us, and baseline/all-pairs/c1 " \
            "simulates at 5369.41 us" in lines
     assert not any(line.startswith("  writing baseline/all-pairs/c2") for line in lines)
     assert s.baseline.candidate.label == "baseline/all-pairs/c1"

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from backends.msccl.floor import schedule_floor_us
+from backends.msccl.floor import chain_floor_us, schedule_floor_us
 from backends.msccl.lowering import DEFAULT_MAX_BYTES
 from backends.msccl.writer import EmittedXml, check_target_holds, check_target_knows, emit_verified_xml
 from synth.errors import BackendError, InputError, VerificationError
@@ -339,7 +339,8 @@ def _cannot_beat_written(candidate: Candidate, written: list[WrittenCandidate],
                          request: SynthesisRequest, progress: Progress) -> bool:
     """Whether no file of this baseline can simulate faster than a baseline file already written or, before any
     is, than the fastest file that may be chosen: its link and port loads alone take longer
-    (:func:`backends.msccl.floor.schedule_floor_us`, a sound bound, where the replay is not). Such a file changes
+    (:func:`backends.msccl.floor.schedule_floor_us`), or the longest chain of its messages
+    (:func:`~backends.msccl.floor.chain_floor_us`, where alphas dominate): sound bounds, where the replay is not. Such a file changes
     neither the choice nor the best-baseline figure (without a baseline file, the report compares with the
     fastest runnable baseline's replay, which its file could only exceed), and at 256 GPUs writing one costs
     minutes (a halving-doubling Allreduce 8x slower than the hierarchical one; at 512 GPUs the flat ring, 7.6x
@@ -349,11 +350,13 @@ def _cannot_beat_written(candidate: Candidate, written: list[WrittenCandidate],
     if not done:
         return False
     best = min(done, key=lambda w: w.simulated_us)
-    floor = schedule_floor_us(candidate.result.schedule, request.topology, request.size_bytes)
+    schedule = candidate.result.schedule
+    floor = max(schedule_floor_us(schedule, request.topology, request.size_bytes),
+                chain_floor_us(schedule, request.topology, request.size_bytes))
     # with no baseline file yet, one that could tie is still written: the report then shows the tie
     if floor < best.simulated_us or (not baselines and floor == best.simulated_us):
         return False
-    progress(f"  {candidate.label} not written: its links alone need {floor:.2f} us, and "
+    progress(f"  {candidate.label} not written: its messages alone need {floor:.2f} us, and "
              f"{best.candidate.label} simulates at {best.simulated_us:.2f} us")
     return True
 
