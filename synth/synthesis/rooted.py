@@ -80,6 +80,10 @@ PERSONALISED_RULES = ("work", "tail")
 PERSONALISED_KEPT = 2
 REDUCE_RULES = ("deadline", "work")      # list_schedule rules Reduce's reversed trees are booked by
 OWN_RAIL_SCALES = (1.0, 0.75)     # shares of the balanced count of chunks on the root's own rail
+# Chains: channels per connection their plan is timed on (each rank takes one partial sum of a chunk, so channels
+# do not race at a reduction), and the most their fill and drain may cost of the rails' time
+CHAIN_CHANNELS = (1, 2, 4, 8, 16)
+CHAIN_FILL_SHARE = 0.05
 
 
 @dataclass(frozen=True)
@@ -92,11 +96,13 @@ class RootedCandidate:
     seconds: float
     rule: str = "sequence"
     own_scale: float = 1.0
+    design: str = "trees"     # or "chain" (:func:`chain_paths`)
 
     @property
     def label(self) -> str:
         personal = "" if self.rule == "sequence" else f"/{self.rule}/o{self.own_scale:g}"
-        return f"{LABEL}c{self.chunks}{personal}"
+        design = "" if self.design == "trees" else f"{self.design}/"
+        return f"{LABEL}{design}c{self.chunks}{personal}"
 
 
 def applies(topology: Topology, collective: str) -> bool:
@@ -494,7 +500,7 @@ def own_rail_chunks(topology: Topology, routes: RootedRoutes, chunks: int) -> in
 
 
 def compose(topology: Topology, collective: str, chunks: int, size_bytes: float, root: int | None = None,
-            rule: str = "work", own_scale: float = 1.0) -> Schedule:
+            rule: str = "work", own_scale: float = 1.0, design: str = "trees") -> Schedule:
     """The composed Broadcast (or Reduce, its trees reversed) with ``chunks`` chunks, ordered at ``size_bytes``.
 
     >>> from synth.model.topology import load_topology
@@ -512,6 +518,12 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
         return _personalised(topology, name, chunks, size_bytes, root, rule, own_scale)
     if name == "reduce":
         reversed_topology = reverse_topology(topology)
+        if design == "chain":
+            chained = _chain_reduce(topology, chunks, size_bytes, root)
+            if chained is None:
+                raise InputError("--method", "", f"rooted chains cover Reduce on two NVSwitch nodes, not "
+                                 f"{topology.name}")
+            return chained
         forward = _broadcast(reversed_topology, chunks, size_bytes, root)
         # booked greedily, partial sums meet as they come: least slack first by the reversal's times (2 x dgx-h100
         # Reduce 1 GB, 512 chunks: 97.5% of the limit simulated, by the busiest resource first 90.2%), or the
@@ -520,6 +532,62 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
                                   size_bytes, "rooted", rule=rule) for rule in REDUCE_RULES]
         return min(booked, key=lambda s: max((t.end_us for t in s.transfers), default=0.0))
     return _broadcast(topology, chunks, size_bytes, root)
+
+
+def chain_paths(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
+    """Reduce on two NVSwitch nodes as chains: chunk ``c`` takes rail ``c mod R``; in the far node its partial sum
+    goes round the node's ring (GPU ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender, crosses,
+    and in the root's node goes round from the rail's entry to the GPU before the root (skipping the root), then
+    to the root. Every GPU but the root receives one partial sum of a chunk and sends one (the root's own rail:
+    two into the root), so no receiver waits for one partial sum before it may take another, which a tree's
+    reductions do (the reversed Latin squares and spreads ran 4-13% faster than they planned and stalled their
+    NICs: 2 x dgx2 Reduce 1 GB, 77.6-82.9% of the limit). Paths from the far node's first GPU to the root, or None
+    where the machine is not two NVSwitch nodes."""
+    routes = RootedRoutes(reverse_topology(topology), root)
+    g, n0 = routes.g, root // routes.g
+    if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
+        return None
+
+    def after(u: int) -> int:
+        return u - u % g + (u % g + 1) % g
+
+    paths = []
+    for c in range(chunks):
+        entry, sender = routes.rails[c % len(routes.rails)][n0]     # on the reversed machine: root side, far side
+        u, path = after(sender), []
+        while u != sender:
+            path.append((u, after(u)))
+            u = after(u)
+        path.append((sender, entry))
+        # round the root's node from the rail's entry to the GPU before it, skipping the root, then to the root
+        # (the root's own rail: its node's ring from the GPU after the root joins there too)
+        ring = [v for v in (entry - entry % g + (entry % g + k) % g for k in range(g)) if v != root]
+        path += list(zip(ring, ring[1:])) + [(ring[-1], root)]
+        paths.append(path)
+    return paths
+
+
+def _chain_reduce(topology: Topology, chunks: int, size_bytes: float, root: int, rule: str = "deadline"
+                  ) -> Schedule | None:
+    """Reduce along :func:`chain_paths`, booked by ``rule`` (:func:`list_schedule`; ``"sequence"``: each sender's
+    sends in the order the chunks reach it when every rail crosses back to back)."""
+    paths = chain_paths(topology, chunks, root)
+    if paths is None:
+        return None
+    g = topology.gpus_per_node
+    crossings = [path[g - 1] for path in paths]      # g - 1 hops round the far node, then the rail
+    rails = len(set(crossings))
+    link, node_link = topology.link(*crossings[0]), topology.link(*paths[0][0])
+    port_GBps = topology.port_capacity()
+    nic_slots = node_link.capacity_GBps / min([link.capacity_GBps] + [port_GBps[p] for p in link.ports])
+    # due times: the rail's k-th chunk crosses after k NIC times, each hop a slot (a chunk through a switch port)
+    slot_us = size_bytes / chunks / (node_link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+    rank = [slot_us * (c // rails * nic_slots + h + (nic_slots - 1 if h >= g else 0.0))
+            for c, path in enumerate(paths) for h in range(len(path))]
+    route_links = [tuple(topology.link_index[e] for e in path) for path in paths]
+    return list_schedule(topology, make_collective("reduce", topology.num_ranks, chunks, root), route_links,
+                         size_bytes, "rooted", rank=np.array(rank, dtype=float), rule=rule, channels=CHAIN_CHANNELS,
+                         notes={"plan": f"{LABEL}chain/c{chunks}", "rails": rails})
 
 
 def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
@@ -645,6 +713,36 @@ def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float) -> 
     return c
 
 
+def chain_chunk_options(topology: Topology, size_bytes: float, root: int | None = None, chunks: int | None = None
+                        ) -> tuple[int, ...]:
+    """Chunk counts for Reduce's chains (:func:`chain_paths`), or none: they are offered where some GPUs carry no
+    rail (2 x dgx2 Reduce 1 GB: 93.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed
+    Latin squares; 2 x dgx-h100, a NIC per GPU: 81.3% against 98.7%), and only as long pipelines: the fewest
+    chunks for which the chain's fill and drain (round both nodes, and one crossing) cost at most
+    :data:`CHAIN_FILL_SHARE` of the rails' time, and half of them (the user's ``chunks``: that count)."""
+    root = root or 0
+    paths = chain_paths(topology, 1, root)
+    if paths is None:
+        return ()
+    routes = RootedRoutes(reverse_topology(topology), root)
+    if len(routes.rails) >= routes.g:
+        return ()
+    if chunks:
+        return (chunks,)
+    g = routes.g
+    link, node_link = topology.link(*paths[0][g - 1]), topology.link(*paths[0][0])
+    port_GBps = topology.port_capacity()
+    nic_slots = node_link.capacity_GBps / min([link.capacity_GBps] + [port_GBps[p] for p in link.ports])
+    fill_slots = 2 * (g - 1) + nic_slots
+    most = most_chunks(topology, RootedRoutes(topology, root), size_bytes)
+    c = 1
+    while 2 * c <= most and fill_slots > CHAIN_FILL_SHARE * c / len(routes.rails) * nic_slots:
+        c *= 2
+    if fill_slots > CHAIN_FILL_SHARE * c / len(routes.rails) * nic_slots:
+        return ()
+    return tuple(sorted({c, c // 2}))
+
+
 def _busiest_hand_out(routes: RootedRoutes, chunks: int) -> int:
     """Messages on the root's busiest connection with ``chunks`` chunks."""
     return max(Counter((u, v) for c in range(chunks) for u, v in routes.tree(c) if u == routes.root).values())
@@ -662,15 +760,17 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         # (a rail carries chunks for several ranks, one connection each: the FIFO bound is on the whole size)
         most = most_chunks(topology, RootedRoutes(topology, root or 0), size_bytes)
         counts = (chunks,) if chunks else tuple(sorted({min(c, most) for c in PERSONALISED_CHUNKS}))
-        plans = [(c, rule, f) for c in counts for rule in PERSONALISED_RULES for f in OWN_RAIL_SCALES]
+        plans = [(c, rule, f, "trees") for c in counts for rule in PERSONALISED_RULES for f in OWN_RAIL_SCALES]
     else:
-        plans = [(c, "sequence", 1.0) for c in ((chunks,) if chunks else chunk_options(topology, name, size_bytes,
-                                                                                       root, target))]
+        plans = [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
+                                                         chunk_options(topology, name, size_bytes, root, target))]
+        if name == "reduce":
+            plans += [(c, "sequence", 1.0, "chain") for c in chain_chunk_options(topology, size_bytes, root, chunks)]
     found = []
-    for c, rule, f in plans:
+    for c, rule, f, design in plans:
         t0 = time.perf_counter()
-        schedule = compose(topology, name, c, size_bytes, root, rule, f)
+        schedule = compose(topology, name, c, size_bytes, root, rule, f, design)
         report = verify(schedule, topology, size_bytes)
-        found.append(RootedCandidate(c, schedule, report, time.perf_counter() - t0, rule, f))
+        found.append(RootedCandidate(c, schedule, report, time.perf_counter() - t0, rule, f, design))
     found.sort(key=lambda r: r.report.time_us)
     return found[:PERSONALISED_KEPT] if name in PERSONALISED else found
