@@ -84,6 +84,11 @@ OWN_RAIL_SCALES = (1.0, 0.75)     # shares of the balanced count of chunks on th
 # do not race at a reduction), and the most their fill and drain may cost of the rails' time
 CHAIN_CHANNELS = (1, 2, 4, 8, 16)
 CHAIN_FILL_SHARE = 0.05
+# How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
+# 93.4% of the limit simulated, each port in the due order 88.6%). Broadcast: each port in the due order (97.0%,
+# least slack first 87.9%); the runtime relays a chunk as it comes rather than in that order (fused relays are
+# not held to the port's order, backends.msccl.lowering), so the plan is pessimistic (83.3% planned)
+CHAIN_RULES = {"broadcast": "sequence", "reduce": "deadline"}
 
 
 @dataclass(frozen=True)
@@ -516,14 +521,14 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
     root = root or 0
     if name in PERSONALISED:
         return _personalised(topology, name, chunks, size_bytes, root, rule, own_scale)
+    if design == "chain":
+        chained = _chain(topology, name, chunks, size_bytes, root)
+        if chained is None:
+            raise InputError("--method", "", f"rooted chains cover Broadcast and Reduce on two NVSwitch nodes, not "
+                             f"{topology.name}")
+        return chained
     if name == "reduce":
         reversed_topology = reverse_topology(topology)
-        if design == "chain":
-            chained = _chain_reduce(topology, chunks, size_bytes, root)
-            if chained is None:
-                raise InputError("--method", "", f"rooted chains cover Reduce on two NVSwitch nodes, not "
-                                 f"{topology.name}")
-            return chained
         forward = _broadcast(reversed_topology, chunks, size_bytes, root)
         # booked greedily, partial sums meet as they come: least slack first by the reversal's times (2 x dgx-h100
         # Reduce 1 GB, 512 chunks: 97.5% of the limit simulated, by the busiest resource first 90.2%), or the
@@ -534,15 +539,27 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
     return _broadcast(topology, chunks, size_bytes, root)
 
 
-def chain_paths(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
-    """Reduce on two NVSwitch nodes as chains: chunk ``c`` takes rail ``c mod R``; in the far node its partial sum
-    goes round the node's ring (GPU ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender, crosses,
-    and in the root's node goes round from the rail's entry to the GPU before the root (skipping the root), then
-    to the root. Every GPU but the root receives one partial sum of a chunk and sends one (the root's own rail:
-    two into the root), so no receiver waits for one partial sum before it may take another, which a tree's
-    reductions do (the reversed Latin squares and spreads ran 4-13% faster than they planned and stalled their
-    NICs: 2 x dgx2 Reduce 1 GB, 77.6-82.9% of the limit). Paths from the far node's first GPU to the root, or None
-    where the machine is not two NVSwitch nodes."""
+def chain_paths(topology: Topology, collective: str, chunks: int, root: int) -> list[list[Edge]] | None:
+    """Broadcast or Reduce on two NVSwitch nodes as chains, a path per chunk (Reduce: towards the root; Broadcast:
+    from it, parents first), or None where the machine is not two NVSwitch nodes.
+
+    Reduce: chunk ``c`` takes rail ``c mod R``; in the far node its partial sum goes round the node's ring (GPU
+    ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender, crosses, and in the root's node goes
+    round from the rail's entry to the GPU before it (skipping the root), then to the root. Every GPU but the root
+    receives one partial sum of a chunk and sends one (the root's own rail: two into the root), so no receiver
+    waits for one partial sum before it may take another, which a tree's reductions do (the reversed Latin
+    squares and spreads ran 4-13% faster than they planned and stalled their NICs: 2 x dgx2 Reduce 1 GB,
+    77.6-82.9% of the limit). Broadcast: Reduce's chains on the reversed machine, backwards; every GPU takes a
+    chunk once and passes it on once, so a port serves one chunk per chunk and rail, as the Latin square does, and
+    the runtime relays each as soon as it comes (:func:`_chain`)."""
+    if normalize_name(collective) == "broadcast":
+        chains = _reduce_chains(reverse_topology(topology), chunks, root)
+        return None if chains is None else [[(v, u) for u, v in reversed(path)] for path in chains]
+    return _reduce_chains(topology, chunks, root)
+
+
+def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
+    """Reduce's chains (:func:`chain_paths`)."""
     routes = RootedRoutes(reverse_topology(topology), root)
     g, n0 = routes.g, root // routes.g
     if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
@@ -567,26 +584,33 @@ def chain_paths(topology: Topology, chunks: int, root: int) -> list[list[Edge]] 
     return paths
 
 
-def _chain_reduce(topology: Topology, chunks: int, size_bytes: float, root: int, rule: str = "deadline"
-                  ) -> Schedule | None:
-    """Reduce along :func:`chain_paths`, booked by ``rule`` (:func:`list_schedule`; ``"sequence"``: each sender's
-    sends in the order the chunks reach it when every rail crosses back to back)."""
-    paths = chain_paths(topology, chunks, root)
-    if paths is None:
-        return None
-    g = topology.gpus_per_node
-    crossings = [path[g - 1] for path in paths]      # g - 1 hops round the far node, then the rail
-    rails = len(set(crossings))
-    link, node_link = topology.link(*crossings[0]), topology.link(*paths[0][0])
+def _chain_slots(topology: Topology, paths: list[list[Edge]]) -> tuple[list[int], int, float]:
+    """Where each path crosses between the nodes, how many rails the paths cross on, and a rail's time per chunk
+    in slots (a chunk through a switch port)."""
+    cross = [next(h for h, (u, v) in enumerate(path) if topology.node_of(u) != topology.node_of(v))
+             for path in paths]
+    link, node_link = topology.link(*paths[0][cross[0]]), topology.link(*paths[0][0])
     port_GBps = topology.port_capacity()
     nic_slots = node_link.capacity_GBps / min([link.capacity_GBps] + [port_GBps[p] for p in link.ports])
-    # due times: the rail's k-th chunk crosses after k NIC times, each hop a slot (a chunk through a switch port)
-    slot_us = size_bytes / chunks / (node_link.capacity_GBps * BYTES_PER_US_PER_GBPS)
-    rank = [slot_us * (c // rails * nic_slots + h + (nic_slots - 1 if h >= g else 0.0))
-            for c, path in enumerate(paths) for h in range(len(path))]
+    return cross, len({path[h] for path, h in zip(paths, cross)}), nic_slots
+
+
+def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, root: int) -> Schedule | None:
+    """Broadcast or Reduce along :func:`chain_paths`, ranked by when each hop is due if every rail crosses back to
+    back (the rail's k-th chunk after k rail times, each hop in a node a slot) and booked by
+    :data:`CHAIN_RULES`."""
+    name = normalize_name(collective)
+    paths = chain_paths(topology, name, chunks, root)
+    if paths is None:
+        return None
+    cross, rails, nic_slots = _chain_slots(topology, paths)
+    g = topology.gpus_per_node
+    slot_us = size_bytes / chunks / (topology.link(*paths[0][0]).capacity_GBps * BYTES_PER_US_PER_GBPS)
+    rank = [slot_us * (c // rails * nic_slots + g - 1 + h - x + (nic_slots - 1 if h > x else 0.0))
+            for c, (path, x) in enumerate(zip(paths, cross)) for h in range(len(path))]
     route_links = [tuple(topology.link_index[e] for e in path) for path in paths]
-    return list_schedule(topology, make_collective("reduce", topology.num_ranks, chunks, root), route_links,
-                         size_bytes, "rooted", rank=np.array(rank, dtype=float), rule=rule, channels=CHAIN_CHANNELS,
+    return list_schedule(topology, make_collective(name, topology.num_ranks, chunks, root), route_links,
+                         size_bytes, "rooted", rank=np.array(rank), rule=CHAIN_RULES[name], channels=CHAIN_CHANNELS,
                          notes={"plan": f"{LABEL}chain/c{chunks}", "rails": rails})
 
 
@@ -713,32 +737,30 @@ def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float) -> 
     return c
 
 
-def chain_chunk_options(topology: Topology, size_bytes: float, root: int | None = None, chunks: int | None = None
-                        ) -> tuple[int, ...]:
-    """Chunk counts for Reduce's chains (:func:`chain_paths`), or none: they are offered where some GPUs carry no
-    rail (2 x dgx2 Reduce 1 GB: 93.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed
-    Latin squares; 2 x dgx-h100, a NIC per GPU: 81.3% against 98.7%), and only as long pipelines: the fewest
-    chunks for which the chain's fill and drain (round both nodes, and one crossing) cost at most
-    :data:`CHAIN_FILL_SHARE` of the rails' time, and half of them (the user's ``chunks``: that count)."""
+def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, root: int | None = None,
+                        chunks: int | None = None) -> tuple[int, ...]:
+    """Chunk counts for chains (:func:`chain_paths`), or none: they are offered where some GPUs carry no rail
+    (2 x dgx2 1 GB: Reduce 93.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed Latin
+    squares; Broadcast 96.3% against 93.3%; 2 x dgx-h100, a NIC per GPU: Reduce 81.3% against 98.7%), and only as
+    long pipelines: the fewest chunks for which the chain's fill and drain (round both nodes, and one crossing)
+    cost at most :data:`CHAIN_FILL_SHARE` of the rails' time, and half of them (the user's ``chunks``: that
+    count)."""
     root = root or 0
-    paths = chain_paths(topology, 1, root)
+    g = topology.gpus_per_node
+    paths = chain_paths(topology, collective, g, root)     # a chunk on every rail
     if paths is None:
         return ()
-    routes = RootedRoutes(reverse_topology(topology), root)
-    if len(routes.rails) >= routes.g:
+    _, rails, nic_slots = _chain_slots(topology, paths)
+    if rails >= g:
         return ()
     if chunks:
         return (chunks,)
-    g = routes.g
-    link, node_link = topology.link(*paths[0][g - 1]), topology.link(*paths[0][0])
-    port_GBps = topology.port_capacity()
-    nic_slots = node_link.capacity_GBps / min([link.capacity_GBps] + [port_GBps[p] for p in link.ports])
     fill_slots = 2 * (g - 1) + nic_slots
     most = most_chunks(topology, RootedRoutes(topology, root), size_bytes)
     c = 1
-    while 2 * c <= most and fill_slots > CHAIN_FILL_SHARE * c / len(routes.rails) * nic_slots:
+    while 2 * c <= most and fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots:
         c *= 2
-    if fill_slots > CHAIN_FILL_SHARE * c / len(routes.rails) * nic_slots:
+    if fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots:
         return ()
     return tuple(sorted({c, c // 2}))
 
@@ -766,7 +788,7 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         # where chains are offered the trees lost everywhere measured (2 x dgx2 Reduce 64 MB: chains 94.2% of the
         # limit simulated, trees at most 90.0%; 1 GB: 93.4% against 79.6%), so they are not composed (a user's
         # chunk count gets both)
-        chained = chain_chunk_options(topology, size_bytes, root, chunks) if name == "reduce" else ()
+        chained = chain_chunk_options(topology, name, size_bytes, root, chunks)
         plans = [(c, "sequence", 1.0, "chain") for c in chained]
         if chunks or not chained:
             plans += [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
