@@ -713,12 +713,22 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
         # with 256; 1 MB: 8.0 us with 16 chunks, 23.6 us with 2)
         link = topology.link(root, peers[0])
         while c > LATENCY_BOUND_CHUNKS and \
-                size_bytes / c < 1.5 * link.alpha_us * link.capacity_GBps * BYTES_PER_US_PER_GBPS:
+                (size_bytes / c < 1.5 * link.alpha_us * link.capacity_GBps * BYTES_PER_US_PER_GBPS
+                 or latin_threadblocks(len(peers), c, target) > (topology.sms_per_gpu or math.inf)):
             c //= 2
         return tuple(sorted({c, max(1, c // 2), max(1, c // 4)}))
     while c > 1 and _busiest_hand_out(routes, c) > max_steps(target) // 2:
         c //= 2
     return tuple(sorted({c, max(1, c // 2)}))
+
+
+def latin_threadblocks(peers: int, chunks: int, target: str) -> int:
+    """Threadblocks a GPU of a Latin square (:func:`latin_trees`) needs at least, roughly: each peer connection
+    carries about ``chunks / peers`` messages each way, a step and its port-order dependency ``nop`` each, and a
+    threadblock holds the target's steps per threadblock (2 x dgx2, 80 SMs: 1024 chunks, 90 by this count, were
+    refused at 229 after half a minute of lowering; 512, 60 by it, fit)."""
+    per_connection = math.ceil(2 * math.ceil(chunks / peers) / max_steps(target))
+    return 2 * peers * per_connection
 
 
 def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float) -> int:
