@@ -99,80 +99,88 @@ def _plan_ops(schedule: Schedule, fuse: bool):
     layout = buffer_layout(schedule)
     indices = _ChunkIndices(coll)
     plans = [_RankPlan(r, schedule, layout, indices) for r in range(coll.num_ranks)]
-    ordered = schedule.ordered()
     recvs_at = defaultdict(list)     # (rank, chunk) -> receives in order
     sends_at = defaultdict(list)     # (rank, chunk) -> sends in order
-    for t in ordered:
+    for t in schedule.ordered():
         recvs_at[(t.dst, t.chunk)].append(t)
         sends_at[(t.src, t.chunk)].append(t)
     for recvs in recvs_at.values():  # in the order their ops run (see _position), whatever the start times
-        recvs.sort(key=lambda t: (t.step, t.src))
+        if len(recvs) > 1:
+            recvs.sort(key=lambda t: (t.step, t.src))
 
     # Transfers are keyed by id() here and below: they are the schedule's own objects, and hashing a frozen
     # dataclass of seven fields on every lookup dominated lowering large schedules.
-    fused_with: dict[int, tuple[Transfer, Transfer]] = {}   # id(send) -> (send, the receive it is fused into)
+    fused_at = defaultdict(dict)     # (rank, chunk) -> {id(receive): the send fused into it}
     if fuse:
-        for (rank, chunk), sends in sends_at.items():
-            recvs = recvs_at.get((rank, chunk), [])
+        for key, sends in sends_at.items():
+            recvs = recvs_at.get(key)
             if not recvs:
                 continue
             last = recvs[-1]
             first_after = next((s for s in sends if s.step > last.step), None)
             if first_after is not None and first_after.op == last.op:
-                fused_with[id(first_after)] = (first_after, last)
-
-    fused_at = defaultdict(dict)     # (rank, chunk) -> {id(receive): the send fused into it}
-    for send, recv in fused_with.values():
-        fused_at[(send.src, send.chunk)][id(recv)] = send
+                fused_at[key][id(last)] = first_after
     touched_at = defaultdict(set)    # rank -> chunks it receives or sends
-    for rank, chunk in list(recvs_at) + list(sends_at):
+    for rank, chunk in recvs_at:
         touched_at[rank].add(chunk)
+    for rank, chunk in sends_at:
+        touched_at[rank].add(chunk)
+    slot, inputs, outputs, combining = layout.slot, indices.inputs, indices.outputs, coll.combining
+    no_fused: dict = {}
     for plan in plans:
         r = plan.rank
-        touched = sorted(touched_at[r])
-        for chunk in touched:
-            recvs = recvs_at.get((r, chunk), [])
-            sends = sends_at.get((r, chunk), [])
-            home = plan.home(chunk)
-            own = plan.own_input(chunk)
-            fused_send = fused_at.get((r, chunk), {})
+        ops = plan.ops
+        for chunk in sorted(touched_at[r]):
+            key = (r, chunk)
+            recvs = recvs_at.get(key, ())
+            sends = sends_at.get(key, ())
+            out = outputs[chunk].get(r)
+            home = slot[key] if key in slot else ("o", out)
+            own_index = inputs[chunk].get(r)
+            own = None if own_index is None else ("i", own_index)
+            fused_send = fused_at.get(key, no_fused)
             partial = own  # where this rank's current partial sum of a reduced chunk lives
             for t in recvs:
                 send = fused_send.get(id(t))
-                reads_later = any(s.step > t.step and s is not send for s in sends)
                 if t.op == REDUCE and partial is not None:
                     src = partial
-                    kind = "rrcs" if send and (reads_later or home[0] == "o") else ("rrs" if send else "rrc")
+                    if send:
+                        reads_later = any(s.step > t.step and s is not send for s in sends)
+                        kind = "rrcs" if reads_later or home[0] == "o" else "rrs"
+                    else:
+                        kind = "rrc"
                     if kind != "rrs":
                         partial = home
                 else:
                     src = home
                     kind = "rcs" if send else "r"
                     partial = home
-                op = _Op(kind, t, send, src, home, _position(t.step, 1, chunk, t.src), writes=kind != "rrs")
-                plan.ops.append(op)
-            fused = {id(f) for f in fused_send.values()}
+                ops.append(_Op(kind, t, send, src, home, (t.step, 1, chunk, t.src), (), (), kind != "rrs"))
+            fused = {id(f) for f in fused_send.values()} if fused_send else ()
             for s in sends:
-                if id(s) in fused:
+                if fused and id(s) in fused:
                     continue
-                received = [t for t in recvs if t.step < s.step]
                 if s.op == REDUCE:
-                    src = home if any(t.op == REDUCE for t in received) else (own or home)
+                    received_reduced = any(t.op == REDUCE for t in recvs if t.step < s.step)
+                    src = home if received_reduced else (own or home)
                 else:
                     # a rank's own chunk that it also outputs is sent from the output copy (made first by a
                     # cpy), so in-place runs never write the slot a send is reading
-                    outputs_here = plan.output_index(chunk) is not None
-                    src = home if received or own is None or outputs_here else own
-                plan.ops.append(_Op("s", None, s, src, src, _position(s.step, 0, chunk, s.dst), writes=False))
+                    received = any(t.step < s.step for t in recvs)
+                    src = home if received or own is None or out is not None else own
+                ops.append(_Op("s", None, s, src, src, (s.step, 0, chunk, s.dst), (), (), False))
             # out-of-place: a rank's own data that it must also output is copied from input to output
-            out = plan.output_index(chunk)
-            if own is not None and out is not None and not coll.combining and not recvs:
-                plan.ops.append(_Op("cpy", None, None, own, ("o", out), _position(-1, 0, chunk, r)))
-        for c in coll.chunks:  # chunks a rank holds and outputs but never moves (e.g. a gather root's own)
-            out = indices.outputs[c.id].get(r)
-            own = indices.inputs[c.id].get(r)
-            if out is not None and own is not None and c.id not in touched_at[r] and not coll.combining:
-                plan.ops.append(_Op("cpy", None, None, ("i", own), ("o", out), _position(-1, 0, c.id, r)))
+            if own is not None and out is not None and not combining and not recvs:
+                ops.append(_Op("cpy", None, None, own, ("o", out), (-1, 0, chunk, r)))
+        if not combining:   # chunks a rank holds and outputs but never moves (e.g. a gather root's own)
+            touched = touched_at[r]
+            for c in coll.chunks:
+                cid = c.id
+                out = outputs[cid].get(r)
+                if out is not None and cid not in touched:
+                    own_index = inputs[cid].get(r)
+                    if own_index is not None:
+                        ops.append(_Op("cpy", None, None, ("i", own_index), ("o", out), (-1, 0, cid, r)))
     return plans, layout
 
 
@@ -185,14 +193,19 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
     """
     # Chains of fused ops: follow each fused op's outgoing transfer to the op that receives it.
     recv_op = {}
+    fused_ops = []
     for plan in plans:
         for op in plan.ops:
             if op.recv is not None:
                 recv_op[id(op.recv)] = op
+                if op.send is not None:
+                    fused_ops.append(op)
     channel_of: dict[int, int] = {}
     unplaced: list[_Op] = []
-    used = defaultdict(dict)   # (rank, chan) -> {("in", peer) or ("out", peer): partner}
-    fused_ops = [op for plan in plans for op in plan.ops if op.recv is not None and op.send is not None]
+    # on (rank, chan): the send peer of the threadblock receiving from a peer, and the receive peer of the one
+    # sending to a peer (a channel holds one threadblock per peer and direction)
+    partner_of_in: dict[tuple[int, int, int], int] = {}
+    partner_of_out: dict[tuple[int, int, int], int] = {}
     fed_by_fused = {id(op.send) for op in fused_ops}
     heads = [op for op in fused_ops if id(op.recv) not in fed_by_fused]
     visited = set()
@@ -207,20 +220,21 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
             chain.append(nxt)
             in_chain.add(id(nxt))
             nxt = recv_op.get(id(nxt.send))
-        for op in chain:
-            visited.add(id(op))
+        visited.update(in_chain)
         chains.append(chain)
     replica_of_channel: dict[int, int] = {}
     for chain in chains:
         replica = spread_index(chain[0].recv.chunk, replicas, group)
+        ends = [(op.recv.dst, op.recv.src, op.send.dst) for op in chain]    # (rank, in peer, out peer)
         for ch in range(1, MAX_CHANNELS):
             if replica_of_channel.setdefault(ch, replica) != replica:
                 continue
-            if all(_fits(used[(op.recv.dst, ch)], op.recv.src, op.send.dst) for op in chain):
+            if all(partner_of_in.get((r, ch, u), w) == w and partner_of_out.get((r, ch, w), u) == u
+                   for r, u, w in ends):
+                for r, u, w in ends:
+                    partner_of_in[(r, ch, u)] = w
+                    partner_of_out[(r, ch, w)] = u
                 for op in chain:
-                    slots = used[(op.recv.dst, ch)]
-                    slots[("in", op.recv.src)] = op.send.dst
-                    slots[("out", op.send.dst)] = op.recv.src
                     channel_of[id(op)] = ch
                 break
         else:
@@ -230,33 +244,31 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
     if unplaced:
         return unplaced
     # Transfers carried on a fused channel must use that channel at their other end too.
-    transfer_chan = dict(spread or {})
-    for plan in plans:
-        for op in plan.ops:
-            ch = channel_of.get(id(op))
-            if ch:
-                transfer_chan[id(op.recv)] = ch
-                transfer_chan[id(op.send)] = ch
+    on_fused: dict[int, int] = {}
+    for op in fused_ops:
+        ch = channel_of[id(op)]
+        on_fused[id(op.recv)] = ch
+        on_fused[id(op.send)] = ch
+    spread = spread or {}
     for plan in plans:
         r = plan.rank
         for op in plan.ops:
-            if op.kind == "cpy":
+            recv, send = op.recv, op.send
+            if recv is not None and send is not None:
+                op.tb_key = (channel_of[id(op)], recv.src, send.dst)
+            elif recv is not None:
+                ch = on_fused.get(id(recv))
+                if ch is None:
+                    ch = spread.get(id(recv), 0)
+                op.tb_key = (ch, recv.src, partner_of_in.get((r, ch, recv.src), -1) if ch else -1)
+            elif send is not None:
+                ch = on_fused.get(id(send))
+                if ch is None:
+                    ch = spread.get(id(send), 0)
+                op.tb_key = (ch, partner_of_out.get((r, ch, send.dst), -1) if ch else -1, send.dst)
+            else:   # a local copy
                 op.tb_key = (0, -1, -1)
-            elif op.recv is not None and op.send is not None:   # placed: unplaced ones returned above
-                op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
-            elif op.recv is not None:
-                ch = transfer_chan.get(id(op.recv), 0)
-                partner = used[(r, ch)].get(("in", op.recv.src), -1) if ch else -1
-                op.tb_key = (ch, op.recv.src, partner)
-            else:
-                ch = transfer_chan.get(id(op.send), 0)
-                partner = used[(r, ch)].get(("out", op.send.dst), -1) if ch else -1
-                op.tb_key = (ch, partner, op.send.dst)
     return unplaced
-
-
-def _fits(slots: dict, u: int, w: int) -> bool:
-    return slots.get(("in", u), w) == w and slots.get(("out", w), u) == u
 
 
 def _unfuse(op: _Op, plan: _RankPlan) -> _Op:
@@ -270,22 +282,38 @@ def _unfuse(op: _Op, plan: _RankPlan) -> _Op:
     return _Op("s", None, send, op.dst, op.dst, _position(send.step, 0, send.chunk, send.dst), writes=False)
 
 
-def _connection_orders_agree(plans) -> list:
-    """Fused sends whose early position would reorder messages on their connection (to unfuse)."""
+def _send_order(schedule: Schedule) -> list[Transfer] | None:
+    """The transfers in the order in which each connection must send them (by step, chunk and source: the plan's
+    order of a connection's messages, :func:`_connection_orders_agree`); None when two are alike in all of that and
+    their destination (their order is then their ops' positions)."""
+    order = sorted(schedule.transfers, key=lambda t: (t.step, t.chunk, t.src, t.dst))
+    for a, b in zip(order, order[1:]):
+        if a.step == b.step and a.chunk == b.chunk and a.src == b.src and a.dst == b.dst:
+            return None
+    return order
+
+
+def _connection_orders_agree(plans, send_order: list[Transfer] | None = None) -> list:
+    """Fused sends whose early position would reorder messages on their connection (to unfuse): on each connection
+    and channel, taken in the schedule's order of its transfers (``send_order``, :func:`_send_order`), a send
+    whose op runs before an earlier one's."""
+    sends = [op for plan in plans for op in plan.ops if op.send is not None]
+    if send_order is not None:
+        op_of = {id(op.send): op for op in sends}
+        ordered = [op_of[id(t)] for t in send_order]
+    else:
+        ordered = [sends[k] for k in sorted(range(len(sends)), key=lambda k: (
+            sends[k].send.step, sends[k].send.chunk, sends[k].send.src, sends[k].position, k))]
     bad = []
-    sender_seq = defaultdict(list)
-    for plan in plans:
-        for op in plan.ops:
-            if op.send is not None:
-                sender_seq[(op.send.src, op.send.dst, op.tb_key[0])].append((op.position, op))
-    for key, items in sender_seq.items():
-        items.sort(key=lambda x: x[0])
-        last = None
-        for pos, op in sorted(items, key=lambda x: (x[1].send.step, x[1].send.chunk, x[1].send.src)):
-            if last is not None and pos < last:
-                bad.append(op)
-            else:
-                last = pos
+    latest: dict[tuple[int, int, int], tuple] = {}     # (src, dst, chan) -> the latest position so far
+    for op in ordered:
+        send = op.send
+        key = (send.src, send.dst, op.tb_key[0])
+        last = latest.get(key)
+        if last is not None and op.position < last:
+            bad.append(op)
+        else:
+            latest[key] = op.position
     return bad
 
 
@@ -298,6 +326,11 @@ class PlannedOps:
         self.schedule = schedule
         self._planned: dict[bool, tuple[list, object]] = {}
         self.programs: dict[tuple, MscclProgram] = {}
+
+    @functools.cached_property
+    def send_order(self) -> list[Transfer] | None:
+        """:func:`_send_order` of the schedule."""
+        return _send_order(self.schedule)
 
     def forget(self, keys) -> None:
         """Drop the programs lowered under ``keys`` (lowerings that did not fit: at 1024 GPUs each holds about a
@@ -363,7 +396,9 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
 class OverBudget:
     """A lowering not made: GPU ``gpu`` would hold ``threadblocks``, more than the budget asked for (its SMs).
     Known once threadblocks are assigned, before the steps and dependencies that take most of the lowering's time
-    are written (dgx1 tree packings: a fused lowering of 96 threadblocks for 80 SMs, 1.3 s of a 5 s solve)."""
+    are written (dgx1 tree packings: a fused lowering of 96 threadblocks for 80 SMs, 1.3 s of a 5 s solve); for a
+    fused lowering far over the budget, as soon as its chains are first placed (:data:`OVER_BUDGET_MARGIN`: the
+    count before the rounds that unfuse)."""
 
     threadblocks: int
     gpu: int
@@ -373,6 +408,11 @@ class OverBudget:
 # sends and receives, and rounds in a row that may unfuse no fewer than the one before (no progress).
 UNFUSE_ROUNDS = 8
 UNFUSE_STALLED_ROUNDS = 3
+# A fused lowering whose chains, all placed, take this many times its threadblock budget is given up before the
+# rounds that unfuse what breaks a connection's order: they unfuse a few percent of the chains and rarely free a
+# tenth of the threadblocks (dgx1 1 GB tree packings on 10 channels, 80 SMs: Allgather 115 -> 106 in 6 rounds,
+# Allreduce 129 -> 116 and ReduceScatter 142 -> 139 in 8, then plain); those rounds were 1 s of a 6 s solve.
+OVER_BUDGET_MARGIN = 1.25
 
 
 def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, name: str | None, min_bytes: int,
@@ -384,12 +424,18 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
     buckets = _peer_buckets(schedule)
     spread = None if channels <= 1 and not buckets else _spread_over_channels(schedule, channels, group, buckets,
                                                                               max_steps(target), balance)
+    send_order = planned.send_order if planned is not None else _send_order(schedule)
     unfused = []       # ops unfused per round
     for _ in range(UNFUSE_ROUNDS):
         bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
-        bad = bad or _connection_orders_agree(plans)
+        placed = not bad
+        bad = bad or _connection_orders_agree(plans, send_order)
         if not bad:
             break
+        if placed and tb_budget is not None:
+            over = _most_threadblocks(plans)
+            if over[0] > tb_budget * OVER_BUDGET_MARGIN:
+                return OverBudget(*over)
         unfused.append(len(bad))
         if len(unfused) >= UNFUSE_STALLED_ROUNDS and all(
                 a <= b for a, b in zip(unfused[-UNFUSE_STALLED_ROUNDS:], unfused[-UNFUSE_STALLED_ROUNDS + 1:])):
@@ -402,7 +448,7 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
                               channels, group, planned, per_message, balance, in_link_order, tb_budget)
     if tb_budget is not None:
-        over = max(((len({op.tb_key for op in plan.ops}), plan.rank) for plan in plans), default=(0, 0))
+        over = _most_threadblocks(plans)
         if over[0] > tb_budget:
             return OverBudget(*over)
     coll = schedule.collective
@@ -418,6 +464,11 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
         nchunksperloop=conventions.nchunksperloop(coll.name, coll.input_chunks, coll.num_ranks),
         coll=COLL_SPELLING[target] if coll.name == "reducescatter" else coll.name, inplace=inplace,
         outofplace=1, min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
+
+
+def _most_threadblocks(plans) -> tuple[int, int]:
+    """(threadblocks, rank) of the rank with the most threadblocks (the last such), once every op has its key."""
+    return max(((len({op.tb_key for op in plan.ops}), plan.rank) for plan in plans), default=(0, 0))
 
 
 def _order_shared_ports(ops: list[_Op], topology, per_message: bool = False) -> None:
