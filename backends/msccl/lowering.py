@@ -40,9 +40,10 @@ DEFAULT_MAX_BYTES = 1 << 40
 TARGETS = ("executor", "legacy")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Op:
-    """One step being built: a send, a receive, a fused receive+send, or a local copy."""
+    """One step being built: a send, a receive, a fused receive+send, or a local copy. Ops are compared by
+    identity (each stands for its own step)."""
 
     kind: str                      # s | r | rcs | rrs | rrc | rrcs | cpy
     recv: Transfer | None
@@ -638,27 +639,42 @@ def _add_dependencies(ops: list[_Op], key) -> None:
     write that waits for readers does not also wait for the writer they read (each reader came after it): a
     second dependency costs a ``nop`` step, and the receives of an Allreduce's second half each had one."""
     last_writer: dict = {}
-    readers_since: dict = defaultdict(list)
-    for op in sorted(ops, key=lambda o: o.position):
+    readers_since: dict = {}
+    for op in sorted(ops, key=_by_position):
         src, dst = key(op.src), key(op.dst)
+        writes = op.writes
+        readers = readers_since.get(dst) if writes else None
         deps = []
-        for slot in {src, dst} if op.writes else {src}:
+        for slot in {src, dst} if writes else (src,):
             # a write after reads waits for those readers, and each of them already came after the last writer
-            if slot in last_writer and not (op.writes and slot == dst and readers_since[dst]):
+            if slot in last_writer and not (readers and slot == dst):
                 deps.append(last_writer[slot])
-        if op.writes:
-            deps += readers_since[dst]
-        latest_per_tb = {}
-        for d in deps:   # within one tb, waiting for its latest op covers the earlier ones
-            if d.tb_key != op.tb_key and (d.tb_key not in latest_per_tb or
-                                          latest_per_tb[d.tb_key].position < d.position):
-                latest_per_tb[d.tb_key] = d
-        op.deps = tuple(latest_per_tb.values())
-        if op.writes:
+        if readers:
+            deps += readers
+        if deps:
+            tb = op.tb_key
+            latest_per_tb = {}
+            for d in deps:   # within one tb, waiting for its latest op covers the earlier ones
+                other = d.tb_key
+                if other != tb:
+                    latest = latest_per_tb.get(other)
+                    if latest is None or latest.position < d.position:
+                        latest_per_tb[other] = d
+            op.deps = tuple(latest_per_tb.values())
+        else:
+            op.deps = ()
+        if writes:
             last_writer[dst] = op
             readers_since[dst] = []
-        if src != dst or not op.writes:
-            readers_since[src].append(op)
+        if src != dst or not writes:
+            if src in readers_since:
+                readers_since[src].append(op)
+            else:
+                readers_since[src] = [op]
+
+
+def _by_position(op: _Op) -> tuple:
+    return op.position
 
 
 def _message_runs(ops: list[_Op]) -> list[list[_Op]]:
@@ -728,15 +744,10 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
     by_tb = defaultdict(list)
     for op in plan.ops:
         by_tb[op.tb_key].append(op)
-    keys = sorted(by_tb, key=lambda k: (k[0], k[1], k[2]))
-    tb_id = {k: i for i, k in enumerate(keys)}
+    keys = sorted(by_tb)
     for k in keys:
-        by_tb[k].sort(key=lambda o: o.position)
+        by_tb[k].sort(key=_by_position)
     # Dependencies: an op reading or writing a slot waits for the last earlier writer of that slot in another tb.
-    where = {}
-    for k in keys:
-        for i, op in enumerate(by_tb[k]):
-            where[id(op)] = (k, i)
     # only an in-place program's i and o alias (an out-of-place one waiting for them only stalls)
     _add_dependencies(plan.ops, functools.cache(lambda slot: _memory_key(slot, coll, plan.rank)) if inplace
                       else (lambda slot: slot))
@@ -746,35 +757,42 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
         _order_connections(plan.ops)
     if per_message:
         _wait_per_message(by_tb)
-    published = {id(d) for op in plan.ops for d in op.deps}
-    tbs = []
-    for k in keys:
-        steps = []
-        index_of = {}
+    # where each op lands: its threadblock and its step there (each dependency but the last is a nop before it)
+    tb_of: dict[int, int] = {}
+    index_of: dict[int, int] = {}
+    published = set()
+    for tb, k in enumerate(keys):
+        i = 0
         for op in by_tb[k]:
-            dep_refs = [(tb_id[where[id(d)][0]], d) for d in op.deps]
-            for tb, d in dep_refs[:-1]:
-                steps.append(("nop", None, (tb, d)))
-            steps.append(("op", op, (dep_refs[-1][0], dep_refs[-1][1]) if dep_refs else None))
-        tbs.append((k, steps))
-    # second pass: step indices are final only now (nops shift them)
-    for k, steps in tbs:
-        for i, (kind, op, _) in enumerate(steps):
-            if kind == "op":
-                index_of[id(op)] = i
+            tb_of[id(op)] = tb
+            deps = op.deps
+            if deps:
+                i += len(deps) - 1
+                published.update(map(id, deps))
+            index_of[id(op)] = i
+            i += 1
+    sent_from, received_into = peers.sent_from, peers.received_into
     out_tbs = []
-    for k, steps in tbs:
+    for tb, k in enumerate(keys):
         chan, recv, send = k
         emitted = []
-        for i, (kind, op, dep) in enumerate(steps):
-            depid, deps = (dep[0], index_of[id(dep[1])]) if dep else (-1, -1)
-            if kind == "nop":
-                emitted.append(Step(i, "nop", "i", 0, "o", 0, 1, depid, deps, 0))
-                continue
-            hasdep = 1 if id(op) in published else 0
-            (sb, so), (db, do) = peers.fields(op)
-            emitted.append(Step(i, op.kind, sb, so, db, do, 1, depid, deps, hasdep))
-        out_tbs.append(Threadblock(tb_id[k], send, recv, chan, tuple(emitted)))
+        for op in by_tb[k]:
+            for d in op.deps[:-1]:
+                emitted.append(Step(len(emitted), "nop", "i", 0, "o", 0, 1, tb_of[id(d)], index_of[id(d)], 0))
+            if op.deps:
+                last = op.deps[-1]
+                depid, deps = tb_of[id(last)], index_of[id(last)]
+            else:
+                depid, deps = -1, -1
+            kind = op.kind
+            if kind == "s":
+                (sb, so), (db, do) = op.src, received_into.get(id(op.send), op.dst)
+            elif kind == "r":
+                (sb, so), (db, do) = sent_from.get(id(op.recv), op.src), op.dst
+            else:
+                (sb, so), (db, do) = op.src, op.dst
+            emitted.append(Step(len(emitted), kind, sb, so, db, do, 1, depid, deps, 1 if id(op) in published else 0))
+        out_tbs.append(Threadblock(tb, send, recv, chan, tuple(emitted)))
     return Gpu(plan.rank, coll.input_chunks, coll.output_chunks, scratch, tuple(out_tbs))
 
 
