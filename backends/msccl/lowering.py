@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections import defaultdict
+import heapq
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from math import ceil
 
@@ -33,6 +34,7 @@ from synth.errors import BackendError
 from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
 
 from backends.msccl import conventions
+from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock, safe_name
 from backends.msccl.limits import MAX_CHANNELS, MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
 
@@ -364,8 +366,8 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
                    proto: str = "Simple", name: str | None = None, min_bytes: int = 0,
                    max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1,
                    group: int = 1, planned: PlannedOps | None = None, per_message: bool = False,
-                   balance: bool = False, in_link_order: bool = False, tb_budget: int | None = None
-                   ) -> MscclProgram | OverBudget:
+                   balance: bool = False, in_link_order: bool = False, tb_budget: int | None = None,
+                   in_flight: bool = False) -> MscclProgram | OverBudget:
     """Lower a verified Schedule to an MSCCL program (threadblocks, channels, steps, dependencies).
 
     ``topology`` and ``size_bytes`` are accepted for a uniform backend signature; the program itself does not
@@ -379,15 +381,18 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     (:func:`_wait_per_message`), so that merging can make each message one step. ``in_link_order``: a send waits
     for the connection's message before it on another channel (:func:`_order_connections`). ``tb_budget``: when
     some GPU would hold more threadblocks than this (its SMs), :class:`OverBudget` says so as soon as the
-    threadblocks are known, and no program is made.
+    threadblocks are known, and no program is made. ``in_flight`` (plain, without groups to merge): each connection
+    gets the channels that keep its messages in flight past the runtime's FIFO, as far as the topology's SMs allow
+    (:func:`_in_flight_spread`), instead of ``balance`` or round robin by chunk.
     """
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
-    key = (fuse, channels, group, balance, target, proto, name, min_bytes, max_bytes, per_message, in_link_order)
+    key = (fuse, channels, group, balance, target, proto, name, min_bytes, max_bytes, per_message, in_link_order,
+           in_flight)
     if planned is not None and key in planned.programs:
         return planned.programs[key]
     program = _lower(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, fuse, channels, group,
-                     planned, per_message, balance, in_link_order, tb_budget)
+                     planned, per_message, balance, in_link_order, tb_budget, in_flight)
     if planned is not None and isinstance(program, MscclProgram):
         planned.programs[key] = program
     return program
@@ -419,12 +424,15 @@ OVER_BUDGET_MARGIN = 1.25
 def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, name: str | None, min_bytes: int,
            max_bytes: int, fuse: bool, channels: int, group: int, planned: PlannedOps | None,
            per_message: bool = False, balance: bool = False, in_link_order: bool = False,
-           tb_budget: int | None = None) -> MscclProgram | OverBudget:
+           tb_budget: int | None = None, in_flight: bool = False) -> MscclProgram | OverBudget:
     """:func:`lower_to_msccl` without the memo."""
     plans, layout = planned.plans(fuse) if planned is not None else _plan_ops(schedule, fuse)
-    buckets = _peer_buckets(schedule)
-    spread = None if channels <= 1 and not buckets else _spread_over_channels(schedule, channels, group, buckets,
-                                                                              max_steps(target), balance)
+    spread = _in_flight_spread(schedule, channels, RUNTIME_FIFO_DEPTH.get(proto, DEFAULT_RUNTIME_FIFO_DEPTH),
+                               topology, max_steps(target)) if in_flight and not fuse and group <= 1 else None
+    if spread is None:
+        buckets = _peer_buckets(schedule)
+        spread = None if channels <= 1 and not buckets else _spread_over_channels(schedule, channels, group, buckets,
+                                                                                  max_steps(target), balance)
     send_order = planned.send_order if planned is not None else _send_order(schedule)
     unfused = []       # ops unfused per round
     for _ in range(UNFUSE_ROUNDS):
@@ -447,7 +455,7 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
             plan.ops.extend(extra)
     if bad:
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
-                              channels, group, planned, per_message, balance, in_link_order, tb_budget)
+                              channels, group, planned, per_message, balance, in_link_order, tb_budget, in_flight)
     if tb_budget is not None:
         over = _most_threadblocks(plans)
         if over[0] > tb_budget:
@@ -578,6 +586,59 @@ def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1,
     buckets = buckets or {}
     return {id(t): channel.get(id(t), spread_index(t.chunk, channels, group))
             + channels * buckets.get((t.src, t.dst), 0) for t in schedule.transfers}
+
+
+def _in_flight_spread(schedule: Schedule, channels: int, fifo_depth: int, topology, steps_per_tb: int
+                      ) -> dict[int, int] | None:
+    """Channel of every transfer (by id) such that the messages of each connection queue behind the runtime's FIFO
+    (``fifo_depth`` per connection and channel) as little as the GPUs' SMs allow: each connection takes its messages
+    by position over its own number of channels (never more than ``channels``, nor more than its messages fill
+    ``fifo_depth`` at a time), given first where draining the connection's queue costs the most (its alpha times
+    the rounds of ``fifo_depth`` messages it still waits), as long as both ends keep a threadblock per SM (plain
+    sends and receives: one threadblock per connection and channel, and one for local copies). None when some GPU
+    has more peers than a channel holds (:func:`_peer_buckets`) or no connection queues.
+
+    Round robin by chunk (:func:`spread_index`) knows nothing of the FIFO: TE-CCL's two NDv2 nodes relay an
+    Alltoall's 64 blocks of a node over one link of alpha 1.3 us, and chunks ``src * 16 + dst`` fell on 16 of 32
+    channels, four behind each FIFO of two (4.81 us for a plan of 4.20); here every one is in flight at once, and
+    the light NVLink connections take only the channels their messages fill (4.20 us within 80 SMs).
+    """
+    if _peer_buckets(schedule):
+        return None
+    per_connection: dict[tuple[int, int], list] = defaultdict(list)
+    for t in schedule.transfers:
+        per_connection[(t.src, t.dst)].append(t)
+    budget = topology.sms_per_gpu if topology is not None and topology.sms_per_gpu is not None else float("inf")
+    share = {c: max(1, ceil(len(messages) / steps_per_tb)) for c, messages in per_connection.items()}
+    used: Counter = Counter()
+    for (src, dst), k in share.items():
+        used[src] += k
+        used[dst] += k
+
+    def rounds(c: tuple[int, int]) -> int:
+        return ceil(len(per_connection[c]) / (share[c] * fifo_depth))
+
+    alpha = {c: (topology.link(*c).alpha_us if topology is not None and topology.link(*c) is not None else 1.0)
+             for c in per_connection}
+    if all(rounds(c) <= 1 for c in per_connection):
+        return None
+    queue = [(-alpha[c] * rounds(c), c) for c in sorted(per_connection)]
+    heapq.heapify(queue)
+    while queue:
+        _, c = heapq.heappop(queue)
+        waits = rounds(c)
+        if waits <= 1:
+            continue
+        wanted = min(channels, ceil(len(per_connection[c]) / (fifo_depth * (waits - 1))))   # one round fewer
+        extra = wanted - share[c]
+        if extra <= 0 or max(used[c[0]], used[c[1]]) + extra + 1 > budget:
+            continue     # (one threadblock kept for local copies)
+        share[c] = wanted
+        used[c[0]] += extra
+        used[c[1]] += extra
+        heapq.heappush(queue, (-alpha[c] * rounds(c), c))
+    return {id(t): k % share[c] for c, messages in per_connection.items()
+            for k, t in enumerate(sorted(messages, key=lambda t: (t.step, t.chunk)))}
 
 
 def _peer_buckets(schedule: Schedule) -> dict[tuple[int, int], int]:
