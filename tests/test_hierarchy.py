@@ -287,3 +287,49 @@ def test_the_early_refusal_leaves_rooted_collectives_to_their_composition():
 
     result = solve(SynthesisRequest(load_topology("ndv2", 2), "reduce", 1 << 20))
     assert result.chosen.candidate.label.startswith("rooted"), result.chosen.candidate.label
+
+
+def test_a_composition_that_cannot_load_is_refused_before_it_is_composed(monkeypatch):
+    """At 128 x dgx-h100 every Allreduce composition's ranks need at least 4361 XML elements (of 4095): the floor
+    on node 0's transfers, from the routes, says so in seconds, before composing (a minute), the replay and the
+    lowerings (an hour of them before). A refused plan is named; when every plan is refused the refusal lists
+    them all."""
+    from synth.errors import BackendError
+    from synth.synthesis import hierarchy
+
+    def no_compose(*args, **kwargs):
+        raise AssertionError("a composition that cannot load was composed")
+
+    topo = load_topology("dgx-h100", 4, "rail")
+    plans = hierarchy_plans(topo, "allgather", GB)
+    monkeypatch.setattr(hierarchy, "hopeless", lambda schedule, topology, target, ranks: "rank 3 loads too much")
+    monkeypatch.setattr(hierarchy, "compose", no_compose)
+    with pytest.raises(BackendError) as caught:
+        synthesize_hierarchy(topo, "allgather", GB)
+    assert str(caught.value) == ("no composition of allgather over 4 x 8 GPUs can load on the executor runtime: "
+                                 + "; ".join(f"{p.label('allgather')}: rank 3 loads too much" for p in plans))
+    monkeypatch.undo()
+    first = plans[0]
+    monkeypatch.setattr(hierarchy, "unloadable", lambda topology, collective, plan, nodes, target: (
+        "rank 3 loads too much" if plan == first else None))
+    heard = []
+    found = synthesize_hierarchy(topo, "allgather", GB, progress=heard.append)
+    assert first not in {c.plan for c in found} and found
+    assert f"  hierarchy: {first.label('allgather')} cannot load, not composed (rank 3 loads too much)" in heard
+
+
+@pytest.mark.parametrize("collective", ["allgather", "reducescatter", "allreduce", "alltoall"])
+def test_node_0s_share_from_the_routes_has_the_composed_schedules_floor(collective):
+    """The floor :func:`unloadable` takes from node 0's share of the routes is the composed, ordered schedule's;
+    for Alltoall at most (its relays hold chunks in scratch, which a share packs more tightly: never above)."""
+    from backends.msccl.step_floor import rank_floors
+    from synth.synthesis.hierarchy import node_share
+
+    topo = load_topology("dgx-h100", 4, "rail")
+    nodes = node_trees(topo)
+    for plan in hierarchy_plans(topo, collective, GB)[:2]:
+        composed = rank_floors(compose(topo, collective, plan, GB, None, nodes))[:8]
+        share = rank_floors(node_share(topo, collective, plan, nodes))[:8]
+        if collective != "alltoall":
+            assert share == composed, plan
+        assert all(a.steps <= b.steps and a.threadblocks == b.threadblocks for a, b in zip(share, composed))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 from math import ceil
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from backends.msccl.findings import Finding
 from backends.msccl.ir import Gpu, MscclProgram, Threadblock
@@ -32,6 +32,7 @@ from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_P
                                    xml_elements_findings)
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, OverBudget, PlannedOps, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
+from backends.msccl.step_floor import element_floor_reason
 from synth.errors import BackendError
 from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
@@ -354,25 +355,27 @@ def _closer(a: Fit, b: Fit) -> bool:
     return (len({f.kind for f in a.broken}), a.steps_per_tb) < (len({f.kind for f in b.broken}), b.steps_per_tb)
 
 
-def hopeless(schedule: Schedule, topology: Topology) -> str | None:
-    """Why no lowering of ``schedule`` can fit the GPUs' SMs, from the schedule alone (linear, no lowering); None
-    when it may fit.
+def hopeless(schedule: Schedule, topology: Topology, target: str = "executor", ranks: Iterable[int] | None = None
+             ) -> str | None:
+    """Why no lowering of ``schedule`` can load on ``target`` with the GPUs' SMs, from the schedule alone (linear,
+    no lowering); None when one may.
 
     A rank needs a threadblock per peer it receives from and one per peer it sends to (a fused one can do one of
-    each); merging and spreading only add threadblocks, so more peers in one direction than SMs never fit.
+    each); merging and spreading only add threadblocks, so more peers in one direction than SMs never fit. Nor
+    does a rank whose fewest steps already overflow the runtimes' XML reader or its SMs' threadblocks
+    (:func:`~backends.msccl.step_floor.element_floor_reason`). ``ranks``: only these (default: all).
     """
     sms = topology.sms_per_gpu
-    if sms is None:
-        return None
-    peers: dict[tuple[int, str], set[int]] = {}
-    for t in schedule.transfers:
-        peers.setdefault((t.src, "send to"), set()).add(t.dst)
-        peers.setdefault((t.dst, "receive from"), set()).add(t.src)
-    for (rank, direction), ranks in sorted(peers.items()):
-        if len(ranks) > sms:
-            return (f"rank {rank} must {direction} {len(ranks)} peers, a threadblock each, and its GPU runs at "
-                    f"most {sms} threadblocks (one per SM)")
-    return None
+    if sms is not None:
+        peers: dict[tuple[int, str], set[int]] = {}
+        for t in schedule.transfers:
+            peers.setdefault((t.src, "send to"), set()).add(t.dst)
+            peers.setdefault((t.dst, "receive from"), set()).add(t.src)
+        for (rank, direction), others in sorted(peers.items()):
+            if len(others) > sms and (ranks is None or rank in ranks):
+                return (f"rank {rank} must {direction} {len(others)} peers, a threadblock each, and its GPU runs "
+                        f"at most {sms} threadblocks (one per SM)")
+    return element_floor_reason(schedule, target, sms, ranks)
 
 
 def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", **program_options) -> FitPlan:
@@ -380,7 +383,7 @@ def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", *
 
     Raises :class:`~synth.errors.BackendError` at once when the schedule is :func:`hopeless`.
     """
-    reason = hopeless(schedule, topology)
+    reason = hopeless(schedule, topology, target)
     if reason is not None:
         raise BackendError(f"no MSCCL lowering fits: {reason}")
     fits, misses = [], []

@@ -36,6 +36,7 @@ from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
 from backends.msccl import conventions
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock, safe_name
+from backends.msccl.implied import drop_implied
 from backends.msccl.limits import MAX_CHANNELS, MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
 
 DEFAULT_MAX_BYTES = 1 << 40
@@ -818,6 +819,7 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
         _order_connections(plan.ops)
     if per_message:
         _wait_per_message(by_tb)
+    drop_implied(by_tb, keys)
     # where each op lands: its threadblock and its step there (each dependency but the last is a nop before it)
     tb_of: dict[int, int] = {}
     index_of: dict[int, int] = {}

@@ -131,7 +131,7 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
     _check_collective_known(schedule, target)
     failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
-    reason = hopeless(schedule, topology)
+    reason = hopeless(schedule, topology, target)
     if reason is not None:
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
     # every variant lowers the same per-rank ops (planned once per mode)

@@ -44,6 +44,7 @@ from typing import Callable
 
 import numpy as np
 
+from backends.msccl.fit import hopeless
 from backends.msccl.limits import MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
 from synth.errors import BackendError, InputError
 from synth.model.collectives import make_collective, normalize_name
@@ -547,8 +548,7 @@ def synthesize_hierarchy(topology: Topology, collective: str, size_bytes: float,
     ``client.get_executor()``) they run there, and the result is the same as in this process. Once ``deadline``
     has passed, the compositions done so far (at least one) are the answer.
     """
-    nodes = check_composable(topology, collective)
-    plans = hierarchy_plans(topology, collective, size_bytes, target, pieces)
+    nodes, plans = composable_plans(topology, collective, size_bytes, target, pieces, progress)
     progress(f"  hierarchy: composing {len(plans)} plan(s) of one rail and one node over {topology.num_nodes} x "
              f"{topology.gpus_per_node} GPUs ({', '.join(p.label(collective) for p in plans)}), each replayed")
     if executor is None:
@@ -575,6 +575,54 @@ def check_composable(topology: Topology, collective: str) -> NodeTrees:
     nodes = node_trees(topology)
     check_threadblocks(topology, collective, nodes)
     return nodes
+
+
+def composable_plans(topology: Topology, collective: str, size_bytes: float, target: str = "executor",
+                     pieces: int | None = None, progress: Callable[[str], None] = lambda message: None
+                     ) -> tuple[NodeTrees, list[HierarchyPlan]]:
+    """The node's trees and the plans of :func:`hierarchy_plans` whose programs can load on ``target``, refusing
+    before any composing when none can (:func:`check_composable`, :func:`unloadable`)."""
+    nodes = check_composable(topology, collective)
+    kept, refused = [], []
+    for plan in hierarchy_plans(topology, collective, size_bytes, target, pieces):
+        reason = unloadable(topology, collective, plan, nodes, target)
+        if reason is None:
+            kept.append(plan)
+        else:
+            progress(f"  hierarchy: {plan.label(collective)} cannot load, not composed ({reason})")
+            refused.append((plan, reason))
+    if not kept:
+        raise BackendError(f"no composition of {normalize_name(collective)} over {topology.num_nodes} x "
+                           f"{topology.gpus_per_node} GPUs can load on the {target} runtime: " + "; ".join(
+                               f"{plan.label(collective)}: {reason}" for plan, reason in refused))
+    return nodes, kept
+
+
+def unloadable(topology: Topology, collective: str, plan: HierarchyPlan, nodes: NodeTrees, target: str
+               ) -> str | None:
+    """Why no lowering of ``plan``'s composition can load (:func:`backends.msccl.fit.hopeless` on
+    :func:`node_share`), or None. At 128 x 8 GPUs an Allreduce composition has 2,095,104 transfers: composing them
+    took a minute (and their lowerings, before the floor, an hour), node 0's share two seconds; every node is a
+    rotation of node 0, and the writer checks every rank anyway."""
+    return hopeless(node_share(topology, collective, plan, nodes), topology, target,
+                    ranks=range(topology.gpus_per_node))
+
+
+def node_share(topology: Topology, collective: str, plan: HierarchyPlan, nodes: NodeTrees) -> Schedule:
+    """The transfers of ``plan``'s composition that node 0's GPUs send or receive, from the routes alone (no
+    ordering): each chunk's edges numbered in route order (collecting edges, then spreading ones), which orders a
+    GPU's receives and sends of a chunk as the composed schedule does."""
+    name = normalize_name(collective)
+    routes = HierarchyRoutes(topology, plan, nodes)
+    coll = make_collective(name, topology.num_ranks, plan.pieces)
+    mine = range(topology.gpus_per_node)
+    transfers = routes.explicit(coll)
+    if transfers is None:
+        transfers = [Transfer(p.chunk, u, v, k) for p in plan_collective(coll, routes)
+                     for k, (u, v) in enumerate(p.reduce_edges + p.copy_edges) if u in mine or v in mine]
+    else:
+        transfers = [t for t in transfers if t.src in mine or t.dst in mine]
+    return Schedule(coll, topology.name, tuple(transfers), 1 + max((t.step for t in transfers), default=0))
 
 
 def check_threadblocks(topology: Topology, collective: str, nodes: NodeTrees) -> None:

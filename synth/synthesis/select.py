@@ -278,9 +278,9 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
                                                and hierarchy_applies(request))
     flat = request.open_choice and not (hierarchy and topology.num_ranks > FLAT_SEARCH_MAX_RANKS)
     if hierarchy and not flat:     # the composition is all there is: its refusals come before the bound's seconds
-        from synth.synthesis.hierarchy import COLLECTIVES as COMPOSED, check_composable
+        from synth.synthesis.hierarchy import COLLECTIVES as COMPOSED, composable_plans
         if request.collective in COMPOSED:      # (Broadcast and Reduce go to the rooted composition)
-            check_composable(topology, request.collective)
+            composable_plans(topology, request.collective, request.size_bytes, request.target, request.chunks)
     # Scatter and Gather across nodes composed first (2 x dgx2 Gather 1 GB: 97% of the limit in seconds, the
     # alpha-beta search 70% in two minutes); at the limit, the searches below are skipped
     composed: list[Candidate] = []
