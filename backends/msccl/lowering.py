@@ -97,20 +97,29 @@ class _ChunkIndices:
         self.outputs = [dict(c.destinations) for c in coll.chunks]
 
 
-def _plan_ops(schedule: Schedule, fuse: bool):
+class _TransferIndex:
+    """What both lowering modes plan from: the buffer layout, each chunk's input and output index per rank, and per
+    (rank, chunk) the receives and sends in the order their ops run (planned once per schedule)."""
+
+    def __init__(self, schedule: Schedule):
+        self.layout = buffer_layout(schedule)
+        self.indices = _ChunkIndices(schedule.collective)
+        self.recvs_at: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+        self.sends_at: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+        for t in schedule.ordered():
+            self.recvs_at[(t.dst, t.chunk)].append(t)
+            self.sends_at[(t.src, t.chunk)].append(t)
+        for recvs in self.recvs_at.values():  # in the order their ops run (see _position), whatever the start times
+            if len(recvs) > 1:
+                recvs.sort(key=lambda t: (t.step, t.src))
+
+
+def _plan_ops(schedule: Schedule, fuse: bool, index: _TransferIndex | None = None):
     """Per-rank op lists with read/write slots, fused where a received chunk is forwarded."""
     coll = schedule.collective
-    layout = buffer_layout(schedule)
-    indices = _ChunkIndices(coll)
+    index = index or _TransferIndex(schedule)
+    layout, indices, recvs_at, sends_at = index.layout, index.indices, index.recvs_at, index.sends_at
     plans = [_RankPlan(r, schedule, layout, indices) for r in range(coll.num_ranks)]
-    recvs_at = defaultdict(list)     # (rank, chunk) -> receives in order
-    sends_at = defaultdict(list)     # (rank, chunk) -> sends in order
-    for t in schedule.ordered():
-        recvs_at[(t.dst, t.chunk)].append(t)
-        sends_at[(t.src, t.chunk)].append(t)
-    for recvs in recvs_at.values():  # in the order their ops run (see _position), whatever the start times
-        if len(recvs) > 1:
-            recvs.sort(key=lambda t: (t.step, t.src))
 
     # Transfers are keyed by id() here and below: they are the schedule's own objects, and hashing a frozen
     # dataclass of seven fields on every lookup dominated lowering large schedules.
@@ -332,6 +341,10 @@ class PlannedOps:
         self.programs: dict[tuple, MscclProgram] = {}
 
     @functools.cached_property
+    def _index(self) -> _TransferIndex:
+        return _TransferIndex(self.schedule)
+
+    @functools.cached_property
     def send_order(self) -> list[Transfer] | None:
         """:func:`_send_order` of the schedule."""
         return _send_order(self.schedule)
@@ -345,7 +358,7 @@ class PlannedOps:
     def plans(self, fuse: bool) -> tuple[list[_RankPlan], object]:
         """Fresh rank plans (their ops are changed by threadblock assignment) and the buffer layout."""
         if fuse not in self._planned:
-            self._planned[fuse] = _plan_ops(self.schedule, fuse)
+            self._planned[fuse] = _plan_ops(self.schedule, fuse, self._index)
         kept, layout = self._planned[fuse]
         plans = []
         for plan in kept:
