@@ -227,9 +227,12 @@ def test_reducescatter_reversed_from_allgather_pipelines_as_the_allgather_does()
     assert allgather < 0.98 * greedy
     plans = hierarchy_plans(topo, "reducescatter", GB)
     assert {p for p in plans if p.reversal} == {replace(p, reversal=True) for p in plans if not p.reversal}
-    # at equal replayed time the reversal is written (its fused lowering on several channels runs as planned)
-    assert [p.reversal for p in plans if not p.cross] == sorted((p.reversal for p in plans if not p.cross),
-                                                                reverse=True)
+    # at equal replayed time the first is written: with one piece the reversal (the greedy booking's fused lowering
+    # on several channels falls behind its plan), with several the greedy booking (the reversal's did, at 8 nodes)
+    for p in plans:
+        if not p.reversal and not p.cross:
+            first = plans.index(replace(p, reversal=p.pieces == 1))
+            assert first < plans.index(replace(p, reversal=p.pieces > 1)), p
     assert not any(p.reversal for p in hierarchy_plans(topo, "allgather", GB))
 
 

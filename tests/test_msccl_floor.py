@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
+from backends.msccl.floor import chain_floor_us, schedule_floor_us, unmerged_floor_us
+from backends.msccl.merge import merge_contiguous
 from backends.msccl.simulate import simulate_program
 from synth.model.collectives import make_collective
 from synth.model.topology import load_topology
@@ -55,6 +56,22 @@ def test_no_unmerged_file_simulates_faster_than_the_unmerged_floor(cases):
                 assert floor <= simulated * (1 + 1e-9), (name, size, variant.lowering.label)
                 checked += 1
     assert checked > 50
+
+
+def test_no_file_merged_or_not_simulates_faster_than_the_chain_floor(cases):
+    checked = 0
+    for name, topology, schedule in cases[:8]:
+        for variant in unmerged_variants(schedule, topology)[:3]:
+            for program in (variant.program, merge_contiguous(variant.program, 4), merge_contiguous(variant.program)):
+                for size in SIZES:
+                    floor = chain_floor_us(schedule, topology, size)
+                    assert floor <= simulate_program(program, topology, size).time_us * (1 + 1e-9), (name, size)
+                    checked += 1
+    assert checked > 50
+    # where alphas dominate it says more than the loads: a chunk crosses three links of ring-4 one after another
+    ring = load_topology("ring-4")
+    chain = build_baseline("ring", "broadcast", ring, 4)
+    assert chain_floor_us(chain, ring, 1 << 10) >= 3 * ring.link(0, 1).alpha_us > schedule_floor_us(chain, ring, 1 << 10)
 
 
 def test_the_unmerged_floor_is_never_above_the_plan(cases):

@@ -21,7 +21,7 @@ def test_a_baseline_whose_links_alone_are_slower_is_not_written():
     lines: list[str] = []
     s = solve(SynthesisRequest(load_topology("fully-connected-8"), "allgather", GIB, method=Method.TREES),
               progress=lines.append)
-    assert "  baseline/all-pairs/c2 not written: its links alone need 5369.41 us, and baseline/all-pairs/c1 " \
+    assert "  baseline/all-pairs/c2 not written: its messages alone need 5369.41 us, and baseline/all-pairs/c1 " \
            "simulates at 5369.41 us" in lines
     assert not any(line.startswith("  writing baseline/all-pairs/c2") for line in lines)
     assert s.baseline.candidate.label == "baseline/all-pairs/c1"
@@ -50,3 +50,30 @@ def test_the_floor_is_below_every_written_file(topology, collective, baseline):
         schedule = build_baseline(baseline, collective, topo, chunks, order_bytes=GIB)
         written = emit_verified_xml(schedule, topo, "executor", GIB)
         assert schedule_floor_us(schedule, topo, GIB) <= written.simulated_us * (1 + 1e-9)
+
+
+def test_a_baseline_the_writer_refuses_is_not_the_comparison(monkeypatch):
+    """16 x dgx-h100 Alltoall 1 MB was reported at "0.21x" against an all-pairs exchange whose files the runtime
+    cannot load (255 threadblocks of 132 SMs): a refused baseline, and the same one with more chunks, are left out
+    of the figure the report compares with."""
+    import synth.synthesis.solve as solve_module
+    from synth.errors import BackendError
+
+    request = SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20)
+    baselines = solve_module._runnable_baselines(request)
+
+    def refuse_baselines(schedule, *args, **kwargs):
+        if any(schedule is b.result.schedule for b in baselines):
+            raise BackendError("too many threadblocks")
+        return emit_verified_xml(schedule, *args, **kwargs)
+
+    monkeypatch.setattr(solve_module, "emit_verified_xml", refuse_baselines)
+    monkeypatch.setattr(solve_module, "_runnable_baselines", lambda request: baselines)
+    s = solve(request)
+    refused = {(b.label.split("/")[1], int(b.label.split("/c")[-1])) for b in baselines}
+    assert s.baseline is None and all(f"{b.label}: " in " ".join(s.refusals) for b in baselines)
+    name, base_us = s.comparison.baseline, s.comparison.baseline_us
+    allowed = [r for r in request.baselines.runs
+               if not any(r.name == n and r.chunks_per_way >= c for n, c in refused)]
+    assert base_us == min(r.report.time_us for r in allowed)
+    assert name in {r.name for r in allowed if r.report.time_us == base_us}

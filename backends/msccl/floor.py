@@ -3,6 +3,8 @@ that cannot win (:mod:`backends.msccl.writer`), computed from the schedule alone
 
 - :func:`schedule_floor_us`: any file, merged steps included: the schedule's link and port loads
   (:func:`synth.schedule.costmodel.load_bound_us`).
+- :func:`chain_floor_us`: any file, merged steps included: the longest chain of messages that must follow one
+  another (alphas and the chunk's time per hop), without the loads they share.
 - :func:`unmerged_floor_us`: any file that sends each transfer as its own message (no merged steps; every channel
   count, fused or plain). It adds what the loads leave out: a link or switch port cannot start before the data of its first message has arrived, and
   what it sends last must still travel on. On a chain the pipeline's fill and drain (dgx2 Broadcast 1 GB: 122 us
@@ -66,30 +68,10 @@ def unmerged_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
     True
     """
     floor = schedule_floor_us(schedule, topology, size_bytes)
-    coll = schedule.collective
-    transfers = schedule.transfers
-    if not transfers or (not coll.combining and any(t.op != COPY for t in transfers)):
+    chains = _chains(schedule, topology, size_bytes)
+    if chains is None:
         return floor
-    nbytes = coll.chunk_bytes(size_bytes)
-    port_bw = topology.port_capacity()
-    holders = {(c.id, r) for c in coll.chunks for r in c.sources}
-    must_hold = {(c.id, r) for c in coll.chunks for r in c.dest_ranks}
-    inbound: dict[tuple[int, int], list[int]] = defaultdict(list)
-    for j, t in enumerate(transfers):
-        inbound[(t.chunk, t.dst)].append(j)
-    # per link: alpha plus its time, and (resource, time held) for the link and each port it crosses
-    costs: dict[tuple[int, int], tuple[float, tuple]] = {}
-    for pair in {(t.src, t.dst) for t in transfers}:
-        index = topology.link_index[pair]
-        link = topology.links[index]
-        beta_us = nbytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
-        costs[pair] = (link.alpha_us + beta_us, ((("link", index), beta_us), *(
-            (port, nbytes / (port_bw[port] * BYTES_PER_US_PER_GBPS)) for port in link.ports)))
-    travel = [costs[(t.src, t.dst)][0] for t in transfers]
-    holds = [costs[(t.src, t.dst)][1] for t in transfers]
-    order = sorted(range(len(transfers)), key=lambda j: transfers[j].step)
-    flow = _partial_sums if coll.combining else _copies
-    head, waiting = flow(transfers, order, travel, inbound, holders, must_hold)
+    transfers, order, travel, holds, head, waiting = chains
     tail = list(travel)
     for j in reversed(order):
         after = waiting.get(j)
@@ -112,6 +94,68 @@ def unmerged_floor_us(schedule: Schedule, topology: Topology, size_bytes: float)
         for resource, held in holds[j]:
             jobs_on[resource].append((head[j], held, tail[j] - held))
     return max(floor, max(_one_machine_bound(np.array(jobs)) for jobs in jobs_on.values()))
+
+
+def chain_floor_us(schedule: Schedule, topology: Topology, size_bytes: float) -> float:
+    """No MSCCL file of ``schedule`` simulates faster than this at ``size_bytes`` (us), merged steps included: the
+    longest chain of messages that must follow one another (the module docstring's heads and tails, without the
+    links and ports the messages share). A merged message carries at least its chunk and starts once all of it is
+    there, so each hop of a chain still costs its alpha and the chunk's time, one hop after another.
+
+    Where alphas dominate it is the bound that tells (256 GPUs, Allgather 1 MB: the bidirectional ring's chunks
+    cross up to 128 links, over 90 us of alphas, where the loads alone need 1 us).
+
+    >>> from synth.model.collectives import make_collective
+    >>> from synth.model.topology import load_topology
+    >>> from synth.schedule.ir import Schedule, Transfer
+    >>> chain = Schedule(make_collective("broadcast", 4, 1, 0), "ring-4", tuple(Transfer(0, r, r + 1, r)
+    ...                  for r in range(3)), 3)
+    >>> ring = load_topology("ring-4")
+    >>> alpha = ring.link(0, 1).alpha_us
+    >>> chain_floor_us(chain, ring, 1) > 3 * alpha > schedule_floor_us(chain, ring, 1)
+    True
+    """
+    chains = _chains(schedule, topology, size_bytes)
+    if chains is None:
+        return 0.0
+    transfers, order, travel, _, head, waiting = chains
+    tail = list(travel)
+    for j in reversed(order):
+        if waiting.get(j):
+            tail[j] += max(tail[k] for k in waiting[j])
+    return max(h + t for h, t in zip(head, tail))
+
+
+def _chains(schedule: Schedule, topology: Topology, size_bytes: float):
+    """What the floors of chained messages are made of: the transfers, their order by step, each one's alpha plus
+    link time (``travel``), the (resource, time held) of its link and ports, its earliest start (``head``) and the
+    transfers that must wait for it (``waiting``); None where nothing can be said (no transfers, or copies of a
+    non-combining collective that reduce)."""
+    coll = schedule.collective
+    transfers = schedule.transfers
+    if not transfers or (not coll.combining and any(t.op != COPY for t in transfers)):
+        return None
+    nbytes = coll.chunk_bytes(size_bytes)
+    port_bw = topology.port_capacity()
+    holders = {(c.id, r) for c in coll.chunks for r in c.sources}
+    must_hold = {(c.id, r) for c in coll.chunks for r in c.dest_ranks}
+    inbound: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for j, t in enumerate(transfers):
+        inbound[(t.chunk, t.dst)].append(j)
+    # per link: alpha plus its time, and (resource, time held) for the link and each port it crosses
+    costs: dict[tuple[int, int], tuple[float, tuple]] = {}
+    for pair in {(t.src, t.dst) for t in transfers}:
+        index = topology.link_index[pair]
+        link = topology.links[index]
+        beta_us = nbytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+        costs[pair] = (link.alpha_us + beta_us, ((("link", index), beta_us), *(
+            (port, nbytes / (port_bw[port] * BYTES_PER_US_PER_GBPS)) for port in link.ports)))
+    travel = [costs[(t.src, t.dst)][0] for t in transfers]
+    holds = [costs[(t.src, t.dst)][1] for t in transfers]
+    order = sorted(range(len(transfers)), key=lambda j: transfers[j].step)
+    flow = _partial_sums if coll.combining else _copies
+    head, waiting = flow(transfers, order, travel, inbound, holders, must_hold)
+    return transfers, order, travel, holds, head, waiting
 
 
 def _copies(transfers, order, travel, inbound, holders, must_hold) -> tuple[list[float], dict[int, list[int]]]:

@@ -97,7 +97,7 @@ class HierarchyPlan:
     # ReduceScatter as the time-reversal of the Allgather composed on the reversed machine: its pieces pipeline
     # as the Allgather's do (32 x dgx-h100 on rails, ring, 2 pieces: 98.7% of the limit replayed, where the
     # greedy booking of the collecting trees gains nothing over one piece, 95.3%); where NICs are shared (4 x dgx2)
-    # the greedy booking is the faster, so both are tried (the reversal first, see hierarchy_plans)
+    # the greedy booking is the faster, so both are tried (which first at a tie: see hierarchy_plans)
     reversal: bool = False
 
     def label(self, collective: str) -> str:
@@ -528,11 +528,14 @@ def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, targ
     plans = [HierarchyPlan(shape, c) for shape in shapes for c in counts]
     trees = node_trees(topology)
     if name == "reducescatter" and not runs_in_step(topology, name, trees):
-        # the reversal first: at equal replayed time it is the one written. Its chains lower as the Allgather's
-        # do, where the greedy booking's fused lowering on several channels falls far behind its plan (32 x
-        # dgx-h100 on rails, ring, 1 piece, both 2728 us planned: 2728 against 4336 us simulated on 4 channels;
-        # at 128 nodes, where only the first is written, 50% of the limit)
-        plans = [replace(p, reversal=True) for p in plans] + plans
+        # at equal replayed time the first is written first (and often alone). With one piece, the reversal:
+        # its chains lower as the Allgather's do, where the greedy booking's fused lowering on several channels
+        # falls far behind its plan (32 x dgx-h100 on rails, ring: both 2728 us planned, 2728 against 4336 us
+        # simulated; at 128 nodes, where only the first is written, 50% of the limit). With several pieces, the
+        # greedy booking (8 x dgx-h100, 8 pieces, direct: both 2384 us planned, the greedy file runs as planned
+        # and the reversed one 3624 us, ring 2561: two writes, 20 s of CPU, for nothing)
+        plans = [q for p in plans for q in ((replace(p, reversal=True), p) if p.pieces == 1
+                                            else (p, replace(p, reversal=True)))]
     return plans + [HierarchyPlan(RailShape.DIRECT, c, cross=x) for c in counts
                     if (x := cross_pieces(topology, name, c, trees))]
 

@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from backends.msccl.floor import schedule_floor_us
+from backends.msccl.floor import chain_floor_us, schedule_floor_us
 from backends.msccl.lowering import DEFAULT_MAX_BYTES
 from backends.msccl.writer import EmittedXml, check_target_holds, check_target_knows, emit_verified_xml
 from synth.errors import BackendError, InputError, VerificationError
@@ -44,6 +44,7 @@ from synth.solver.deadline import Deadline
 from synth.solver.highs import Status
 from synth.formulations.steps import encode_steps
 from synth.solver.highs import write_model
+from synth.synthesis.baselines import BaselineRun
 from synth.synthesis.comparison import LimitComparison, compare_with_limits
 from synth.synthesis.method import Method
 from synth.synthesis.request import SynthesisRequest
@@ -158,6 +159,7 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     writer = _Writer(request, xml, progress, executor, slots)
     written: list[WrittenCandidate] = []
     refusals: list[str] = []
+    unloadable: set[str] = set()    # baselines the runtime cannot load: never the comparison
     broken: list[str] = []          # candidates whose lowering failed its own check (a bug; never written)
 
     def best_us() -> float:
@@ -169,6 +171,8 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
             emitted = writer.wait(candidate, deadline)
         except BackendError as exc:
             refusals.append(f"{candidate.label}: {exc}")
+            if is_baseline(candidate):
+                unloadable.add(candidate.label)
             progress(f"  {candidate.label} cannot be written: {exc}")
             return True
         except VerificationError as exc:    # a bug of the lowering: that file is never written, the others compete
@@ -243,8 +247,11 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     time_limited = time_limited or any(w.xml.variants_cut for w in written)   # a faster file may exist
     base = min((w for w in written if is_baseline(w.candidate)), key=lambda w: w.simulated_us,
                default=None)
-    comparison = compare_with_limits(request, chosen.simulated_us, None if base is None else
-                                     (base.candidate.label.removeprefix("baseline/"), base.simulated_us))
+    comparison = compare_with_limits(
+        request, chosen.simulated_us, None if base is None else (base.candidate.label.removeprefix("baseline/"),
+                                                                 base.simulated_us),
+        [(r.name, r.chunks_per_way) for r in request.baselines.runs if baseline_label(r) in unloadable]
+        if unloadable else ())
     return Solution(request, tuple(candidates), chosen, base, comparison, tuple(refusals + broken), time_limited)
 
 
@@ -339,7 +346,8 @@ def _cannot_beat_written(candidate: Candidate, written: list[WrittenCandidate],
                          request: SynthesisRequest, progress: Progress) -> bool:
     """Whether no file of this baseline can simulate faster than a baseline file already written or, before any
     is, than the fastest file that may be chosen: its link and port loads alone take longer
-    (:func:`backends.msccl.floor.schedule_floor_us`, a sound bound, where the replay is not). Such a file changes
+    (:func:`backends.msccl.floor.schedule_floor_us`), or the longest chain of its messages
+    (:func:`~backends.msccl.floor.chain_floor_us`, where alphas dominate): sound bounds, where the replay is not. Such a file changes
     neither the choice nor the best-baseline figure (without a baseline file, the report compares with the
     fastest runnable baseline's replay, which its file could only exceed), and at 256 GPUs writing one costs
     minutes (a halving-doubling Allreduce 8x slower than the hierarchical one; at 512 GPUs the flat ring, 7.6x
@@ -349,11 +357,13 @@ def _cannot_beat_written(candidate: Candidate, written: list[WrittenCandidate],
     if not done:
         return False
     best = min(done, key=lambda w: w.simulated_us)
-    floor = schedule_floor_us(candidate.result.schedule, request.topology, request.size_bytes)
+    schedule = candidate.result.schedule
+    floor = max(schedule_floor_us(schedule, request.topology, request.size_bytes),
+                chain_floor_us(schedule, request.topology, request.size_bytes))
     # with no baseline file yet, one that could tie is still written: the report then shows the tie
     if floor < best.simulated_us or (not baselines and floor == best.simulated_us):
         return False
-    progress(f"  {candidate.label} not written: its links alone need {floor:.2f} us, and "
+    progress(f"  {candidate.label} not written: its messages alone need {floor:.2f} us, and "
              f"{best.candidate.label} simulates at {best.simulated_us:.2f} us")
     return True
 
@@ -377,8 +387,13 @@ def _runnable_baselines(request: SynthesisRequest) -> list[Candidate]:
     for run in runs[:BASELINES_SIMULATED]:
         s = run.schedule
         result = SynthesisResult(s, Status.BASELINE, 0.0, None, 1, s.steps, s.rounds, s.collective.chunks_per_rank)
-        out.append(Candidate(f"baseline/{run.name}/c{run.chunks_per_way}", result, run.report))
+        out.append(Candidate(baseline_label(run), result, run.report))
     return out
+
+
+def baseline_label(run: BaselineRun) -> str:
+    """How candidates and reports name a baseline run."""
+    return f"baseline/{run.name}/c{run.chunks_per_way}"
 
 
 def step_model_text(solution: Solution, suffix: str) -> str:
