@@ -157,3 +157,17 @@ def test_all_pairs_alltoall_takes_turns_no_receiver_sees_two_senders_of_a_port()
     single = build_baseline("all-pairs", "alltoall", load_topology("dgx-h100"), 1, None)
     assert {(t.src, t.dst, t.step) for t in single.transfers} == \
         {(s, d, (d - s) % 8 - 1) for s in range(8) for d in range(8) if s != d}      # one node: plain rotation
+
+
+def test_a_reduce_tree_over_one_way_rails_is_built_from_the_links_it_uses():
+    """dgx2-2node-tecc's rails run one way: a Reduce tree rooted on the far node uses each rail child -> parent,
+    and ordering its children by the unused way's speed failed with KeyError: (16, 1) (`synth solve reduce
+    --root 21`)."""
+    from synth.model.topology import load_topology
+    from synth.schedule.replay import verify
+    from synth.synthesis.baselines import build_baseline
+
+    tecc = load_topology("dgx2-2node-tecc")
+    schedule = build_baseline("double-binary-tree", "reduce", tecc, 1, root=21)
+    assert all(tecc.link(t.src, t.dst) is not None for t in schedule.transfers)
+    assert verify(schedule, tecc, 1 << 20).time_us > 0

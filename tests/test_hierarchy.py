@@ -336,3 +336,26 @@ def test_node_0s_share_from_the_routes_has_the_composed_schedules_floor(collecti
         if collective != "alltoall":
             assert share == composed, plan
         assert all(a.steps <= b.steps and a.threadblocks == b.threadblocks for a, b in zip(share, composed))
+
+
+def test_where_the_flat_searches_run_a_refused_composition_leaves_them_competing(monkeypatch):
+    from synth.errors import BackendError
+    from synth.synthesis import select
+
+    request = SynthesisRequest(H100X2, "allgather", 1 << 20)
+    stand_in = select.baseline_candidate(request)
+
+    def refused(request, progress):
+        raise BackendError("no composition of allgather over 2 x 8 GPUs can load on the executor runtime: ...")
+
+    monkeypatch.setattr(select, "FLAT_SEARCH_MAX_RANKS", 16)       # a machine small enough for both
+    monkeypatch.setattr(select, "hierarchy_candidates", refused)
+    monkeypatch.setattr(select, "composable_plans", refused, raising=False)
+    monkeypatch.setattr(select, "tree_candidates", lambda request, progress, fallbacks: [stand_in])
+    monkeypatch.setattr(select, "alpha_beta_candidate", lambda request, progress: stand_in)
+    heard = []
+    assert stand_in in verified_candidates(request, heard.append)
+    assert "  hierarchy: no composition of allgather over 2 x 8 GPUs can load on the executor runtime: ..." in heard
+    monkeypatch.setattr(select, "FLAT_SEARCH_MAX_RANKS", 8)        # the composition is all there is: it raises
+    with pytest.raises(BackendError, match="no composition"):
+        verified_candidates(request, heard.append)

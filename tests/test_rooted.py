@@ -10,7 +10,8 @@ from synth.bounds.physical import lower_bound
 from synth.model.topology import compose_nodes, load_topology, topology_from_dict
 from synth.schedule.replay import verify
 from synth.synthesis.request import SynthesisRequest
-from synth.synthesis.rooted import RootedRoutes, _square, applies, compose, latin_steps, latin_trees
+from synth.synthesis.rooted import (RootedRoutes, _square, applies, chunk_options, compose, latin_steps,
+                                     latin_threadblocks, latin_trees)
 from synth.synthesis.select import hierarchy_applies, hierarchy_candidates
 
 GIB = 1 << 30
@@ -163,3 +164,11 @@ def test_two_node_broadcast_runs_as_planned(name, chunks, percent):
     xml = emit_verified_xml(schedule, topo, "executor", GIB, plan_us=plan.time_us)
     assert xml.simulated_us <= lower_bound("broadcast", topo, GIB, root=0).limit_us / (percent / 100)
     assert abs(xml.simulated_us - plan.time_us) <= 0.03 * xml.simulated_us
+
+
+def test_latin_squares_are_not_offered_with_more_chunks_than_the_gpus_threadblocks_hold():
+    # 2 x dgx2 (80 SMs): a Latin square of 1024 chunks needs 90 threadblocks by the estimate (its file was refused
+    # with 229); 2 x dgx-h100 (132 SMs) holds 1024
+    assert latin_threadblocks(15, 1024, "executor") > 80 >= latin_threadblocks(15, 512, "executor")
+    assert max(chunk_options(load_topology("dgx2", nodes=3), "broadcast", GIB)) == 512
+    assert max(chunk_options(load_topology("dgx-h100", nodes=2), "broadcast", GIB)) == 1024

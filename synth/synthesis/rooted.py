@@ -28,6 +28,13 @@ the lowering keeps them, so the plan is what runs (2 x dgx-h100 Broadcast 1 GB: 
 Reduce takes the same trees reversed (:func:`synth.schedule.list_scheduler.reverse_in_time`): partial sums
 collect in each node to its rail, cross, and collect at the root; they are booked as they can meet.
 
+**Chains** (:func:`chain_paths`), on two NVSwitch nodes where some GPUs carry no rail (a DGX-2: a NIC per two GPUs),
+in long pipelines: each chunk goes round each node's ring, crossing on its rail in between, so every GPU takes a
+chunk (a partial sum) once and passes it on once. A tree's receiver reduces several partial sums of one chunk in
+turn, and at the runtime's FIFO depth that stalled the rails (2 x dgx2 Reduce 1 GB: reversed Latin squares 77.6% of
+the limit simulated, chains 93.4%); Broadcast gains too (97.0% against 95.0%), the runtime relaying each chunk as
+it comes.
+
 Scatter (Gather backwards, on the reversed machine) sends each chunk on a path: straight to the root node's GPUs,
 and to other nodes over the root's own NIC or handed to another rail's sender, in the proportion that makes the
 root's switch port and NIC finish together (:func:`own_rail_chunks`; that is Scatter's bound on 2 x dgx-h100).
@@ -80,6 +87,15 @@ PERSONALISED_RULES = ("work", "tail")
 PERSONALISED_KEPT = 2
 REDUCE_RULES = ("deadline", "work")      # list_schedule rules Reduce's reversed trees are booked by
 OWN_RAIL_SCALES = (1.0, 0.75)     # shares of the balanced count of chunks on the root's own rail
+# Chains: channels per connection their plan is timed on (each rank takes one partial sum of a chunk, so channels
+# do not race at a reduction), and the most their fill and drain may cost of the rails' time
+CHAIN_CHANNELS = (1, 2, 4, 8, 16)
+CHAIN_FILL_SHARE = 0.05
+# How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
+# 93.4% of the limit simulated, each port in the due order 88.6%). Broadcast: each port in the due order (97.0%,
+# least slack first 87.9%); the runtime relays a chunk as it comes rather than in that order (fused relays are
+# not held to the port's order, backends.msccl.lowering), so the plan is pessimistic (83.3% planned)
+CHAIN_RULES = {"broadcast": "sequence", "reduce": "deadline"}
 
 
 @dataclass(frozen=True)
@@ -92,11 +108,13 @@ class RootedCandidate:
     seconds: float
     rule: str = "sequence"
     own_scale: float = 1.0
+    design: str = "trees"     # or "chain" (:func:`chain_paths`)
 
     @property
     def label(self) -> str:
         personal = "" if self.rule == "sequence" else f"/{self.rule}/o{self.own_scale:g}"
-        return f"{LABEL}c{self.chunks}{personal}"
+        design = "" if self.design == "trees" else f"{self.design}/"
+        return f"{LABEL}{design}c{self.chunks}{personal}"
 
 
 def applies(topology: Topology, collective: str) -> bool:
@@ -494,7 +512,7 @@ def own_rail_chunks(topology: Topology, routes: RootedRoutes, chunks: int) -> in
 
 
 def compose(topology: Topology, collective: str, chunks: int, size_bytes: float, root: int | None = None,
-            rule: str = "work", own_scale: float = 1.0) -> Schedule:
+            rule: str = "work", own_scale: float = 1.0, design: str = "trees") -> Schedule:
     """The composed Broadcast (or Reduce, its trees reversed) with ``chunks`` chunks, ordered at ``size_bytes``.
 
     >>> from synth.model.topology import load_topology
@@ -510,6 +528,12 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
     root = root or 0
     if name in PERSONALISED:
         return _personalised(topology, name, chunks, size_bytes, root, rule, own_scale)
+    if design == "chain":
+        chained = _chain(topology, name, chunks, size_bytes, root)
+        if chained is None:
+            raise InputError("--method", "", f"rooted chains cover Broadcast and Reduce on two NVSwitch nodes, not "
+                             f"{topology.name}")
+        return chained
     if name == "reduce":
         reversed_topology = reverse_topology(topology)
         forward = _broadcast(reversed_topology, chunks, size_bytes, root)
@@ -520,6 +544,81 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
                                   size_bytes, "rooted", rule=rule) for rule in REDUCE_RULES]
         return min(booked, key=lambda s: max((t.end_us for t in s.transfers), default=0.0))
     return _broadcast(topology, chunks, size_bytes, root)
+
+
+def chain_paths(topology: Topology, collective: str, chunks: int, root: int) -> list[list[Edge]] | None:
+    """Broadcast or Reduce on two NVSwitch nodes as chains, a path per chunk (Reduce: towards the root; Broadcast:
+    from it, parents first), or None where the machine is not two NVSwitch nodes.
+
+    Reduce: chunk ``c`` takes rail ``c mod R``; in the far node its partial sum goes round the node's ring (GPU
+    ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender, crosses, and in the root's node goes
+    round from the rail's entry to the GPU before it (skipping the root), then to the root. Every GPU but the root
+    receives one partial sum of a chunk and sends one (the root's own rail: two into the root), so no receiver
+    waits for one partial sum before it may take another, which a tree's reductions do (the reversed Latin
+    squares and spreads ran 4-13% faster than they planned and stalled their NICs: 2 x dgx2 Reduce 1 GB,
+    77.6-82.9% of the limit). Broadcast: Reduce's chains on the reversed machine, backwards; every GPU takes a
+    chunk once and passes it on once, so a port serves one chunk per chunk and rail, as the Latin square does, and
+    the runtime relays each as soon as it comes (:func:`_chain`)."""
+    if normalize_name(collective) == "broadcast":
+        chains = _reduce_chains(reverse_topology(topology), chunks, root)
+        return None if chains is None else [[(v, u) for u, v in reversed(path)] for path in chains]
+    return _reduce_chains(topology, chunks, root)
+
+
+def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
+    """Reduce's chains (:func:`chain_paths`)."""
+    routes = RootedRoutes(reverse_topology(topology), root)
+    g, n0 = routes.g, root // routes.g
+    if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
+        return None
+
+    def after(u: int) -> int:
+        return u - u % g + (u % g + 1) % g
+
+    paths = []
+    for c in range(chunks):
+        entry, sender = routes.rails[c % len(routes.rails)][n0]     # on the reversed machine: root side, far side
+        u, path = after(sender), []
+        while u != sender:
+            path.append((u, after(u)))
+            u = after(u)
+        path.append((sender, entry))
+        # round the root's node from the rail's entry to the GPU before it, skipping the root, then to the root
+        # (the root's own rail: its node's ring from the GPU after the root joins there too)
+        ring = [v for v in (entry - entry % g + (entry % g + k) % g for k in range(g)) if v != root]
+        path += list(zip(ring, ring[1:])) + [(ring[-1], root)]
+        paths.append(path)
+    return paths
+
+
+def _chain_slots(topology: Topology, paths: list[list[Edge]]) -> tuple[list[int], int, float]:
+    """Where each path crosses between the nodes, how many rails the paths cross on, and a rail's time per chunk
+    in slots (a chunk through a switch port)."""
+    cross = [next(h for h, (u, v) in enumerate(path) if topology.node_of(u) != topology.node_of(v))
+             for path in paths]
+    link, node_link = topology.link(*paths[0][cross[0]]), topology.link(*paths[0][0])
+    port_GBps = topology.port_capacity()
+    nic_slots = node_link.capacity_GBps / min([link.capacity_GBps] + [port_GBps[p] for p in link.ports])
+    return cross, len({path[h] for path, h in zip(paths, cross)}), nic_slots
+
+
+def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, root: int) -> Schedule | None:
+    """Broadcast or Reduce along :func:`chain_paths`, ranked by when each hop is due if every rail crosses back to
+    back (the rail's k-th chunk after k rail times, each hop in a node a slot) and booked by
+    :data:`CHAIN_RULES`."""
+    name = normalize_name(collective)
+    paths = chain_paths(topology, name, chunks, root)
+    if paths is None:
+        return None
+    cross, rails, nic_slots = _chain_slots(topology, paths)
+    g = topology.gpus_per_node
+    slot_us = size_bytes / chunks / (topology.link(*paths[0][0]).capacity_GBps * BYTES_PER_US_PER_GBPS)
+    rank = [slot_us * (c // rails * nic_slots + g - 1 + h - x + (nic_slots - 1 if h > x else 0.0))
+            for c, (path, x) in enumerate(zip(paths, cross)) for h in range(len(path))]
+    route_links = [tuple(topology.link_index[e] for e in path) for path in paths]
+    return list_schedule(topology, make_collective(name, topology.num_ranks, chunks, root), route_links,
+                         size_bytes, "rooted", rank=np.array(rank), rule=CHAIN_RULES[name], channels=CHAIN_CHANNELS,
+                         notes={"plan": f"{LABEL}chain/c{chunks}", "rails": rails})
 
 
 def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
@@ -621,12 +720,22 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
         # with 256; 1 MB: 8.0 us with 16 chunks, 23.6 us with 2)
         link = topology.link(root, peers[0])
         while c > LATENCY_BOUND_CHUNKS and \
-                size_bytes / c < 1.5 * link.alpha_us * link.capacity_GBps * BYTES_PER_US_PER_GBPS:
+                (size_bytes / c < 1.5 * link.alpha_us * link.capacity_GBps * BYTES_PER_US_PER_GBPS
+                 or latin_threadblocks(len(peers), c, target) > (topology.sms_per_gpu or math.inf)):
             c //= 2
         return tuple(sorted({c, max(1, c // 2), max(1, c // 4)}))
     while c > 1 and _busiest_hand_out(routes, c) > max_steps(target) // 2:
         c //= 2
     return tuple(sorted({c, max(1, c // 2)}))
+
+
+def latin_threadblocks(peers: int, chunks: int, target: str) -> int:
+    """Threadblocks a GPU of a Latin square (:func:`latin_trees`) needs at least, roughly: each peer connection
+    carries about ``chunks / peers`` messages each way, a step and its port-order dependency ``nop`` each, and a
+    threadblock holds the target's steps per threadblock (2 x dgx2, 80 SMs: 1024 chunks, 90 by this count, were
+    refused at 229 after half a minute of lowering; 512, 60 by it, fit)."""
+    per_connection = math.ceil(2 * math.ceil(chunks / peers) / max_steps(target))
+    return 2 * peers * per_connection
 
 
 def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float) -> int:
@@ -645,6 +754,33 @@ def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float) -> 
     return c
 
 
+def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, root: int | None = None,
+                        chunks: int | None = None) -> tuple[int, ...]:
+    """Chunk counts for chains (:func:`chain_paths`), or none: they are offered where some GPUs carry no rail
+    (2 x dgx2 1 GB: Reduce 93.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed Latin
+    squares; Broadcast 96.3% against 93.3%; 2 x dgx-h100, a NIC per GPU: Reduce 81.3% against 98.7%), and only as
+    long pipelines: the fewest chunks for which the chain's fill and drain (round both nodes, and one crossing)
+    cost at most :data:`CHAIN_FILL_SHARE` of the rails' time (the user's ``chunks``: that count). Half of them
+    simulated slower everywhere measured (2 x dgx2 64 MB: Broadcast 92.7% against 95.3%, Reduce 91.1% against 94.2%)
+    and, Broadcast's plans being pessimistic, its file was written first and the better one skipped."""
+    root = root or 0
+    g = topology.gpus_per_node
+    paths = chain_paths(topology, collective, g, root)     # a chunk on every rail
+    if paths is None:
+        return ()
+    _, rails, nic_slots = _chain_slots(topology, paths)
+    if rails >= g:
+        return ()
+    if chunks:
+        return (chunks,)
+    fill_slots = 2 * (g - 1) + nic_slots
+    most = most_chunks(topology, RootedRoutes(topology, root), size_bytes)
+    c = 1
+    while 2 * c <= most and fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots:
+        c *= 2
+    return () if fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots else (c,)
+
+
 def _busiest_hand_out(routes: RootedRoutes, chunks: int) -> int:
     """Messages on the root's busiest connection with ``chunks`` chunks."""
     return max(Counter((u, v) for c in range(chunks) for u, v in routes.tree(c) if u == routes.root).values())
@@ -652,7 +788,8 @@ def _busiest_hand_out(routes: RootedRoutes, chunks: int) -> int:
 
 def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, root: int | None = None,
                       target: str = "executor", chunks: int | None = None) -> list[RootedCandidate]:
-    """Every composition of :func:`chunk_options` (or the user's ``chunks``), replayed, fastest first. Scatter and
+    """Every composition of :func:`chunk_options` (Reduce: chains of :func:`chain_chunk_options` instead where it
+    offers any; the user's ``chunks``: both), replayed, fastest first. Scatter and
     Gather: :data:`PERSONALISED_CHUNKS` booked by each of :data:`PERSONALISED_RULES` with each of
     :data:`OWN_RAIL_SCALES`, the :data:`PERSONALISED_KEPT` fastest by replay (the greedy booking is erratic: 2 x
     dgx2 Gather 1 GB with 16 chunks replays at 75% of the limit by ``work`` with the balanced share on the root's
@@ -662,15 +799,21 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         # (a rail carries chunks for several ranks, one connection each: the FIFO bound is on the whole size)
         most = most_chunks(topology, RootedRoutes(topology, root or 0), size_bytes)
         counts = (chunks,) if chunks else tuple(sorted({min(c, most) for c in PERSONALISED_CHUNKS}))
-        plans = [(c, rule, f) for c in counts for rule in PERSONALISED_RULES for f in OWN_RAIL_SCALES]
+        plans = [(c, rule, f, "trees") for c in counts for rule in PERSONALISED_RULES for f in OWN_RAIL_SCALES]
     else:
-        plans = [(c, "sequence", 1.0) for c in ((chunks,) if chunks else chunk_options(topology, name, size_bytes,
-                                                                                       root, target))]
+        # where chains are offered the trees lost everywhere measured (2 x dgx2 Reduce 64 MB: chains 94.2% of the
+        # limit simulated, trees at most 90.0%; 1 GB: 93.4% against 79.6%), so they are not composed (a user's
+        # chunk count gets both)
+        chained = chain_chunk_options(topology, name, size_bytes, root, chunks)
+        plans = [(c, "sequence", 1.0, "chain") for c in chained]
+        if chunks or not chained:
+            plans += [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
+                                                              chunk_options(topology, name, size_bytes, root, target))]
     found = []
-    for c, rule, f in plans:
+    for c, rule, f, design in plans:
         t0 = time.perf_counter()
-        schedule = compose(topology, name, c, size_bytes, root, rule, f)
+        schedule = compose(topology, name, c, size_bytes, root, rule, f, design)
         report = verify(schedule, topology, size_bytes)
-        found.append(RootedCandidate(c, schedule, report, time.perf_counter() - t0, rule, f))
+        found.append(RootedCandidate(c, schedule, report, time.perf_counter() - t0, rule, f, design))
     found.sort(key=lambda r: r.report.time_us)
     return found[:PERSONALISED_KEPT] if name in PERSONALISED else found

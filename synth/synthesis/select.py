@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from synth.errors import InfeasibleError, InputError, NoSolutionError
+from synth.errors import BackendError, InfeasibleError, InputError, NoSolutionError
 from synth.model.collectives import make_collective
 from synth.model.symmetry import free_symmetry_group
 from synth.schedule.replay import ReplayReport, verify
@@ -313,7 +313,13 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
                 raise
             errors.append(str(exc))          # the other sources still compete
     if hierarchy:
-        found += timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request, progress)
+        try:
+            found += timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request, progress)
+        except BackendError as exc:      # no composition can load: where the flat searches run, they still compete
+            if not flat:
+                raise
+            progress(f"  hierarchy: {exc}")
+            errors.append(str(exc))
     if method in (Method.ROUTED, Method.TIMEXP) or flat:
         found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
     found += trees + paths + composed

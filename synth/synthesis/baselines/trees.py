@@ -132,11 +132,16 @@ def _greedy_tree(topology: Topology, root: int, usable: Callable[[int, int], boo
     ranks outside ``avoid`` adopting first, faster links first. None if some rank stays unreached."""
     reached, frontier, edges = {root}, [root], []
     caps = {(l.src, l.dst): l.capacity_GBps for l in topology.links}
+
+    def speed(u: int, v: int) -> float:
+        """The slower way between u and v that exists (a Reduce tree uses v -> u only; a rail may be one-way)."""
+        return min(c for c in (caps.get((u, v)), caps.get((v, u))) if c is not None)
+
     while frontier:
         nxt = []
         for u in sorted(frontier, key=lambda r: (r in avoid, r)):
             options = sorted((v for v in range(topology.num_ranks) if v not in reached and usable(u, v)),
-                             key=lambda v, u=u: (-caps[(u, v)], v))
+                             key=lambda v, u=u: (-speed(u, v), v))
             for v in options[:2]:
                 reached.add(v)
                 edges.append((u, v))

@@ -1,0 +1,108 @@
+"""Broadcast and Reduce as chains round each node's ring (synth.synthesis.rooted.chain_paths): every rank takes each
+chunk once (Reduce: sends one partial sum of each chunk and takes at most one), the programs run correctly and
+Reduce's as planned, and chains are offered only where some GPUs carry no rail and the pipeline is long."""
+
+from collections import Counter
+
+import pytest
+
+from backends.msccl.writer import emit_verified_xml
+from synth.bounds.physical import lower_bound
+from synth.model.topology import compose_nodes, load_topology, topology_from_dict
+from synth.schedule.replay import verify
+from synth.synthesis.rooted import chain_chunk_options, chain_paths, compose, synthesize_rooted
+
+GIB = 1 << 30
+
+
+def half_railed_node(gpus: int) -> dict:
+    """``gpus`` GPUs on an NVSwitch (125 GB/s each), a 12.5 GB/s NIC per two GPUs: a small DGX-2."""
+    return {"format": "synth-topology/1", "name": f"half-railed-{gpus}", "ranks": gpus, "gpus_per_node": gpus,
+            "switches": [{"name": "nvswitch", "alpha_us": 0.35,
+                          "ports": [{"ranks": [r], "bw_GBps": 125.0} for r in range(gpus)]}],
+            "nics": [{"ranks": [r, r + 1], "bw_GBps": 12.5, "alpha_us": 2.6} for r in range(0, gpus, 2)]}
+
+
+@pytest.fixture(scope="module")
+def two_small_dgx2():
+    return compose_nodes(topology_from_dict(half_railed_node(4)), 2)
+
+
+@pytest.mark.parametrize("name,root", [("dgx2", 0), ("dgx2", 5), ("dgx2", 19), ("dgx2-2node-tecc", 0),
+                                       ("dgx2-2node-tecc", 7)])
+def test_every_rank_sends_each_chunk_once_and_takes_at_most_one_partial_sum(name, root):
+    topo = load_topology(name, nodes=2) if name == "dgx2" else load_topology(name)
+    paths = chain_paths(topo, "reduce", 16, root)
+    for path in paths:
+        senders = Counter(u for u, _ in path)
+        receivers = Counter(v for _, v in path)
+        assert all(topo.link(u, v) is not None for u, v in path)
+        assert sorted(senders) == sorted(set(range(topo.num_ranks)) - {root}) and set(senders.values()) == {1}
+        assert root not in senders and max(n for v, n in receivers.items() if v != root) == 1
+        assert receivers[root] <= 2            # the root's own rail: its node's ring and the rail meet there
+        parent = dict(path)
+        for rank in senders:                   # each partial sum reaches the root, no cycle
+            seen = {rank}
+            while rank != root:
+                rank = parent[rank]
+                assert rank not in seen
+                seen.add(rank)
+    crossing = Counter(u for path in paths for u, v in path if topo.node_of(u) != topo.node_of(v))
+    assert set(crossing.values()) == {2}       # 16 chunks over 8 rails
+
+
+@pytest.mark.parametrize("name,root", [("dgx2", 0), ("dgx2", 19), ("dgx2-2node-tecc", 7)])
+def test_broadcast_chains_reach_every_rank_once_from_the_root(name, root):
+    topo = load_topology(name, nodes=2) if name == "dgx2" else load_topology(name)
+    paths = chain_paths(topo, "broadcast", 16, root)
+    for path in paths:
+        have = {root}
+        for u, v in path:                      # parents first
+            assert u in have and v not in have and topo.link(u, v) is not None
+            have.add(v)
+        assert have == set(range(topo.num_ranks))
+        passes = Counter(u for u, _ in path)
+        assert max(n for u, n in passes.items() if u != root) == 1    # each rank passes the chunk on once
+        assert passes[root] <= 2               # the root's own rail: the root sends on it and round its node
+    crossing = Counter(u for path in paths for u, v in path if topo.node_of(u) != topo.node_of(v))
+    assert set(crossing.values()) == {2}
+
+
+def test_reduce_chains_run_correctly_and_as_planned(two_small_dgx2):
+    topo = two_small_dgx2
+    schedule = compose(topo, "reduce", 64, GIB, design="chain")
+    plan = verify(schedule, topo, GIB)         # every contribution summed into the root once
+    # the verified writer executes the program (postcondition) and times it with the runtime's FIFO depth
+    xml = emit_verified_xml(schedule, topo, "executor", GIB, plan_us=plan.time_us)
+    assert abs(xml.simulated_us - plan.time_us) <= 0.03 * xml.simulated_us
+    assert xml.simulated_us <= lower_bound("reduce", topo, GIB, root=0).limit_us / 0.95
+
+
+def test_broadcast_chains_run_correctly_and_no_slower_than_planned(two_small_dgx2):
+    # the runtime relays each chunk as it comes, not in the port's planned order: the plan is an upper bound
+    topo = two_small_dgx2
+    schedule = compose(topo, "broadcast", 64, GIB, design="chain")
+    plan = verify(schedule, topo, GIB)
+    xml = emit_verified_xml(schedule, topo, "executor", GIB, plan_us=plan.time_us)
+    assert xml.simulated_us <= plan.time_us * 1.001
+    assert xml.simulated_us <= lower_bound("broadcast", topo, GIB, root=0).limit_us / 0.95
+
+
+def test_chains_are_offered_where_some_gpus_carry_no_rail_and_the_pipeline_is_long():
+    dgx2 = load_topology("dgx2", nodes=2)
+    for collective in ("broadcast", "reduce"):
+        assert chain_chunk_options(dgx2, collective, GIB) == (1024,)
+        assert chain_chunk_options(dgx2, collective, 1 << 20) == ()                  # fill and drain would dominate
+        assert chain_chunk_options(dgx2, collective, 1 << 20, chunks=8) == (8,)
+        assert chain_chunk_options(load_topology("dgx-h100", nodes=2), collective, GIB) == ()   # a NIC per GPU
+        assert chain_chunk_options(load_topology("ndv2", nodes=2), collective, GIB) == ()      # no NVSwitch
+        assert chain_paths(load_topology("dgx2", nodes=3), collective, 4, 0) is None
+
+
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+def test_candidates_are_chains_where_chains_are_offered(two_small_dgx2, collective):
+    found = synthesize_rooted(two_small_dgx2, collective, 64 << 20)
+    assert found and all(c.label.startswith("rooted/chain/c") for c in found)
+    assert all(c.schedule.collective.runs_at_power_of_two_sizes for c in found)
+    user = synthesize_rooted(two_small_dgx2, collective, 64 << 20, chunks=8)
+    assert sorted(c.label for c in user) == ["rooted/c8", "rooted/chain/c8"]
