@@ -71,6 +71,7 @@ def run_solve(monkeypatch, request, found, baselines, executor=None, slots=0):
     monkeypatch.setattr(solve_module, "verified_candidates", lambda request, progress, **_: list(found))
     monkeypatch.setattr(solve_module, "_runnable_baselines", lambda request: list(baselines))
     monkeypatch.setattr(solve_module, "schedule_floor_us", lambda schedule, topology, size: 0.0)  # all may win
+    monkeypatch.setattr(solve_module, "chain_floor_us", lambda schedule, topology, size: 0.0)
     monkeypatch.setattr(solve_module, "emit_verified_xml", fake_emit)
     lines = []
     solution = solve_module.solve(request, progress=lines.append, executor=executor, slots=slots)
