@@ -48,7 +48,9 @@ class Lowering:
     channels cut each connection by its messages' positions, so they divide its steps evenly (the fit search's
     cuts: its arithmetic assumes that), rather than by chunk (:func:`~backends.msccl.lowering.spread_index`).
     ``in_link_order``: a connection's messages leave in the schedule's order across its channels
-    (:func:`~backends.msccl.lowering._order_connections`)."""
+    (:func:`~backends.msccl.lowering._order_connections`). ``in_flight``: each connection takes the channels that
+    keep its messages in flight past the runtime's FIFO, within the SMs
+    (:func:`~backends.msccl.lowering._in_flight_spread`; plain lowerings)."""
 
     fuse: bool
     channels: int = 1
@@ -57,6 +59,7 @@ class Lowering:
     per_message: bool = False
     balanced: bool = False
     in_link_order: bool = False
+    in_flight: bool = False
 
     @property
     def label(self) -> str:
@@ -64,6 +67,7 @@ class Lowering:
         extra += [f"cnt <= {self.max_cnt}"] if self.max_cnt > 1 else []
         extra += ["whole messages"] if self.per_message else []
         extra += ["in link order"] if self.in_link_order else []
+        extra += ["in flight"] if self.in_flight else []
         return ("fused" if self.fuse else "plain") + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -115,7 +119,8 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
     program = lower_to_msccl(schedule, topology=topology, target=target, fuse=lowering.fuse,
                              channels=lowering.channels, group=lowering.max_cnt, proto=proto, name=name, min_bytes=min_bytes,
                              max_bytes=max_bytes, planned=planned, per_message=lowering.per_message,
-                             balance=lowering.balanced, in_link_order=lowering.in_link_order, tb_budget=tb_budget)
+                             balance=lowering.balanced, in_link_order=lowering.in_link_order, tb_budget=tb_budget,
+                             in_flight=lowering.in_flight)
     if isinstance(program, OverBudget):
         return program
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
@@ -291,9 +296,15 @@ def in_flight_channels(schedule: Schedule, topology: Topology, fit: Fit, fifo_de
     Where alphas dominate, a connection of more messages than its channels hold in flight pays its alpha once per
     ``fifo_depth`` messages: TE-CCL's two NDv2 nodes relay an Alltoall's 64 blocks of a node over one link (1.3 us),
     7.4 us on 8 channels and 4.8 us on 32."""
-    wanted = min(MAX_CHANNELS, ceil(_longest_connection(schedule) / fifo_depth))
+    wanted = all_in_flight_channels(schedule, fifo_depth)
     offered = wider_channels(topology, fit)
     return None if wanted <= max((fit.lowering.channels, *offered)) else wanted
+
+
+def all_in_flight_channels(schedule: Schedule, fifo_depth: int) -> int:
+    """The channels that hold every message of the busiest connection in flight at once (``fifo_depth`` per
+    connection and channel), at most :data:`MAX_CHANNELS`."""
+    return min(MAX_CHANNELS, ceil(_longest_connection(schedule) / fifo_depth))
 
 
 def wider_channels(topology: Topology, fit: Fit) -> tuple[int, ...]:

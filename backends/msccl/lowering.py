@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import copy
 import functools
-from collections import defaultdict
+import heapq
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from math import ceil
 
@@ -33,6 +34,7 @@ from synth.errors import BackendError
 from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
 
 from backends.msccl import conventions
+from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock, safe_name
 from backends.msccl.implied import drop_implied
 from backends.msccl.limits import MAX_CHANNELS, MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
@@ -41,9 +43,10 @@ DEFAULT_MAX_BYTES = 1 << 40
 TARGETS = ("executor", "legacy")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Op:
-    """One step being built: a send, a receive, a fused receive+send, or a local copy."""
+    """One step being built: a send, a receive, a fused receive+send, or a local copy. Ops are compared by
+    identity (each stands for its own step)."""
 
     kind: str                      # s | r | rcs | rrs | rrc | rrcs | cpy
     recv: Transfer | None
@@ -94,86 +97,103 @@ class _ChunkIndices:
         self.outputs = [dict(c.destinations) for c in coll.chunks]
 
 
-def _plan_ops(schedule: Schedule, fuse: bool):
+class _TransferIndex:
+    """What both lowering modes plan from: the buffer layout, each chunk's input and output index per rank, and per
+    (rank, chunk) the receives and sends in the order their ops run (planned once per schedule)."""
+
+    def __init__(self, schedule: Schedule):
+        self.layout = buffer_layout(schedule)
+        self.indices = _ChunkIndices(schedule.collective)
+        self.recvs_at: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+        self.sends_at: dict[tuple[int, int], list[Transfer]] = defaultdict(list)
+        for t in schedule.ordered():
+            self.recvs_at[(t.dst, t.chunk)].append(t)
+            self.sends_at[(t.src, t.chunk)].append(t)
+        for recvs in self.recvs_at.values():  # in the order their ops run (see _position), whatever the start times
+            if len(recvs) > 1:
+                recvs.sort(key=lambda t: (t.step, t.src))
+
+
+def _plan_ops(schedule: Schedule, fuse: bool, index: _TransferIndex | None = None):
     """Per-rank op lists with read/write slots, fused where a received chunk is forwarded."""
     coll = schedule.collective
-    layout = buffer_layout(schedule)
-    indices = _ChunkIndices(coll)
+    index = index or _TransferIndex(schedule)
+    layout, indices, recvs_at, sends_at = index.layout, index.indices, index.recvs_at, index.sends_at
     plans = [_RankPlan(r, schedule, layout, indices) for r in range(coll.num_ranks)]
-    ordered = schedule.ordered()
-    recvs_at = defaultdict(list)     # (rank, chunk) -> receives in order
-    sends_at = defaultdict(list)     # (rank, chunk) -> sends in order
-    for t in ordered:
-        recvs_at[(t.dst, t.chunk)].append(t)
-        sends_at[(t.src, t.chunk)].append(t)
-    for recvs in recvs_at.values():  # in the order their ops run (see _position), whatever the start times
-        recvs.sort(key=lambda t: (t.step, t.src))
 
     # Transfers are keyed by id() here and below: they are the schedule's own objects, and hashing a frozen
     # dataclass of seven fields on every lookup dominated lowering large schedules.
-    fused_with: dict[int, tuple[Transfer, Transfer]] = {}   # id(send) -> (send, the receive it is fused into)
+    fused_at = defaultdict(dict)     # (rank, chunk) -> {id(receive): the send fused into it}
     if fuse:
-        for (rank, chunk), sends in sends_at.items():
-            recvs = recvs_at.get((rank, chunk), [])
+        for key, sends in sends_at.items():
+            recvs = recvs_at.get(key)
             if not recvs:
                 continue
             last = recvs[-1]
             first_after = next((s for s in sends if s.step > last.step), None)
             if first_after is not None and first_after.op == last.op:
-                fused_with[id(first_after)] = (first_after, last)
-
-    fused_at = defaultdict(dict)     # (rank, chunk) -> {id(receive): the send fused into it}
-    for send, recv in fused_with.values():
-        fused_at[(send.src, send.chunk)][id(recv)] = send
+                fused_at[key][id(last)] = first_after
     touched_at = defaultdict(set)    # rank -> chunks it receives or sends
-    for rank, chunk in list(recvs_at) + list(sends_at):
+    for rank, chunk in recvs_at:
         touched_at[rank].add(chunk)
+    for rank, chunk in sends_at:
+        touched_at[rank].add(chunk)
+    slot, inputs, outputs, combining = layout.slot, indices.inputs, indices.outputs, coll.combining
+    no_fused: dict = {}
     for plan in plans:
         r = plan.rank
-        touched = sorted(touched_at[r])
-        for chunk in touched:
-            recvs = recvs_at.get((r, chunk), [])
-            sends = sends_at.get((r, chunk), [])
-            home = plan.home(chunk)
-            own = plan.own_input(chunk)
-            fused_send = fused_at.get((r, chunk), {})
+        ops = plan.ops
+        for chunk in sorted(touched_at[r]):
+            key = (r, chunk)
+            recvs = recvs_at.get(key, ())
+            sends = sends_at.get(key, ())
+            out = outputs[chunk].get(r)
+            home = slot[key] if key in slot else ("o", out)
+            own_index = inputs[chunk].get(r)
+            own = None if own_index is None else ("i", own_index)
+            fused_send = fused_at.get(key, no_fused)
             partial = own  # where this rank's current partial sum of a reduced chunk lives
             for t in recvs:
                 send = fused_send.get(id(t))
-                reads_later = any(s.step > t.step and s is not send for s in sends)
                 if t.op == REDUCE and partial is not None:
                     src = partial
-                    kind = "rrcs" if send and (reads_later or home[0] == "o") else ("rrs" if send else "rrc")
+                    if send:
+                        reads_later = any(s.step > t.step and s is not send for s in sends)
+                        kind = "rrcs" if reads_later or home[0] == "o" else "rrs"
+                    else:
+                        kind = "rrc"
                     if kind != "rrs":
                         partial = home
                 else:
                     src = home
                     kind = "rcs" if send else "r"
                     partial = home
-                op = _Op(kind, t, send, src, home, _position(t.step, 1, chunk, t.src), writes=kind != "rrs")
-                plan.ops.append(op)
-            fused = {id(f) for f in fused_send.values()}
+                ops.append(_Op(kind, t, send, src, home, (t.step, 1, chunk, t.src), (), (), kind != "rrs"))
+            fused = {id(f) for f in fused_send.values()} if fused_send else ()
             for s in sends:
-                if id(s) in fused:
+                if fused and id(s) in fused:
                     continue
-                received = [t for t in recvs if t.step < s.step]
                 if s.op == REDUCE:
-                    src = home if any(t.op == REDUCE for t in received) else (own or home)
+                    received_reduced = any(t.op == REDUCE for t in recvs if t.step < s.step)
+                    src = home if received_reduced else (own or home)
                 else:
                     # a rank's own chunk that it also outputs is sent from the output copy (made first by a
                     # cpy), so in-place runs never write the slot a send is reading
-                    outputs_here = plan.output_index(chunk) is not None
-                    src = home if received or own is None or outputs_here else own
-                plan.ops.append(_Op("s", None, s, src, src, _position(s.step, 0, chunk, s.dst), writes=False))
+                    received = any(t.step < s.step for t in recvs)
+                    src = home if received or own is None or out is not None else own
+                ops.append(_Op("s", None, s, src, src, (s.step, 0, chunk, s.dst), (), (), False))
             # out-of-place: a rank's own data that it must also output is copied from input to output
-            out = plan.output_index(chunk)
-            if own is not None and out is not None and not coll.combining and not recvs:
-                plan.ops.append(_Op("cpy", None, None, own, ("o", out), _position(-1, 0, chunk, r)))
-        for c in coll.chunks:  # chunks a rank holds and outputs but never moves (e.g. a gather root's own)
-            out = indices.outputs[c.id].get(r)
-            own = indices.inputs[c.id].get(r)
-            if out is not None and own is not None and c.id not in touched_at[r] and not coll.combining:
-                plan.ops.append(_Op("cpy", None, None, ("i", own), ("o", out), _position(-1, 0, c.id, r)))
+            if own is not None and out is not None and not combining and not recvs:
+                ops.append(_Op("cpy", None, None, own, ("o", out), (-1, 0, chunk, r)))
+        if not combining:   # chunks a rank holds and outputs but never moves (e.g. a gather root's own)
+            touched = touched_at[r]
+            for c in coll.chunks:
+                cid = c.id
+                out = outputs[cid].get(r)
+                if out is not None and cid not in touched:
+                    own_index = inputs[cid].get(r)
+                    if own_index is not None:
+                        ops.append(_Op("cpy", None, None, ("i", own_index), ("o", out), (-1, 0, cid, r)))
     return plans, layout
 
 
@@ -186,14 +206,19 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
     """
     # Chains of fused ops: follow each fused op's outgoing transfer to the op that receives it.
     recv_op = {}
+    fused_ops = []
     for plan in plans:
         for op in plan.ops:
             if op.recv is not None:
                 recv_op[id(op.recv)] = op
+                if op.send is not None:
+                    fused_ops.append(op)
     channel_of: dict[int, int] = {}
     unplaced: list[_Op] = []
-    used = defaultdict(dict)   # (rank, chan) -> {("in", peer) or ("out", peer): partner}
-    fused_ops = [op for plan in plans for op in plan.ops if op.recv is not None and op.send is not None]
+    # on (rank, chan): the send peer of the threadblock receiving from a peer, and the receive peer of the one
+    # sending to a peer (a channel holds one threadblock per peer and direction)
+    partner_of_in: dict[tuple[int, int, int], int] = {}
+    partner_of_out: dict[tuple[int, int, int], int] = {}
     fed_by_fused = {id(op.send) for op in fused_ops}
     heads = [op for op in fused_ops if id(op.recv) not in fed_by_fused]
     visited = set()
@@ -208,20 +233,21 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
             chain.append(nxt)
             in_chain.add(id(nxt))
             nxt = recv_op.get(id(nxt.send))
-        for op in chain:
-            visited.add(id(op))
+        visited.update(in_chain)
         chains.append(chain)
     replica_of_channel: dict[int, int] = {}
     for chain in chains:
         replica = spread_index(chain[0].recv.chunk, replicas, group)
+        ends = [(op.recv.dst, op.recv.src, op.send.dst) for op in chain]    # (rank, in peer, out peer)
         for ch in range(1, MAX_CHANNELS):
             if replica_of_channel.setdefault(ch, replica) != replica:
                 continue
-            if all(_fits(used[(op.recv.dst, ch)], op.recv.src, op.send.dst) for op in chain):
+            if all(partner_of_in.get((r, ch, u), w) == w and partner_of_out.get((r, ch, w), u) == u
+                   for r, u, w in ends):
+                for r, u, w in ends:
+                    partner_of_in[(r, ch, u)] = w
+                    partner_of_out[(r, ch, w)] = u
                 for op in chain:
-                    slots = used[(op.recv.dst, ch)]
-                    slots[("in", op.recv.src)] = op.send.dst
-                    slots[("out", op.send.dst)] = op.recv.src
                     channel_of[id(op)] = ch
                 break
         else:
@@ -231,33 +257,31 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
     if unplaced:
         return unplaced
     # Transfers carried on a fused channel must use that channel at their other end too.
-    transfer_chan = dict(spread or {})
-    for plan in plans:
-        for op in plan.ops:
-            ch = channel_of.get(id(op))
-            if ch:
-                transfer_chan[id(op.recv)] = ch
-                transfer_chan[id(op.send)] = ch
+    on_fused: dict[int, int] = {}
+    for op in fused_ops:
+        ch = channel_of[id(op)]
+        on_fused[id(op.recv)] = ch
+        on_fused[id(op.send)] = ch
+    spread = spread or {}
     for plan in plans:
         r = plan.rank
         for op in plan.ops:
-            if op.kind == "cpy":
+            recv, send = op.recv, op.send
+            if recv is not None and send is not None:
+                op.tb_key = (channel_of[id(op)], recv.src, send.dst)
+            elif recv is not None:
+                ch = on_fused.get(id(recv))
+                if ch is None:
+                    ch = spread.get(id(recv), 0)
+                op.tb_key = (ch, recv.src, partner_of_in.get((r, ch, recv.src), -1) if ch else -1)
+            elif send is not None:
+                ch = on_fused.get(id(send))
+                if ch is None:
+                    ch = spread.get(id(send), 0)
+                op.tb_key = (ch, partner_of_out.get((r, ch, send.dst), -1) if ch else -1, send.dst)
+            else:   # a local copy
                 op.tb_key = (0, -1, -1)
-            elif op.recv is not None and op.send is not None:   # placed: unplaced ones returned above
-                op.tb_key = (channel_of[id(op)], op.recv.src, op.send.dst)
-            elif op.recv is not None:
-                ch = transfer_chan.get(id(op.recv), 0)
-                partner = used[(r, ch)].get(("in", op.recv.src), -1) if ch else -1
-                op.tb_key = (ch, op.recv.src, partner)
-            else:
-                ch = transfer_chan.get(id(op.send), 0)
-                partner = used[(r, ch)].get(("out", op.send.dst), -1) if ch else -1
-                op.tb_key = (ch, partner, op.send.dst)
     return unplaced
-
-
-def _fits(slots: dict, u: int, w: int) -> bool:
-    return slots.get(("in", u), w) == w and slots.get(("out", w), u) == u
 
 
 def _unfuse(op: _Op, plan: _RankPlan) -> _Op:
@@ -271,22 +295,38 @@ def _unfuse(op: _Op, plan: _RankPlan) -> _Op:
     return _Op("s", None, send, op.dst, op.dst, _position(send.step, 0, send.chunk, send.dst), writes=False)
 
 
-def _connection_orders_agree(plans) -> list:
-    """Fused sends whose early position would reorder messages on their connection (to unfuse)."""
+def _send_order(schedule: Schedule) -> list[Transfer] | None:
+    """The transfers in the order in which each connection must send them (by step, chunk and source: the plan's
+    order of a connection's messages, :func:`_connection_orders_agree`); None when two are alike in all of that and
+    their destination (their order is then their ops' positions)."""
+    order = sorted(schedule.transfers, key=lambda t: (t.step, t.chunk, t.src, t.dst))
+    for a, b in zip(order, order[1:]):
+        if a.step == b.step and a.chunk == b.chunk and a.src == b.src and a.dst == b.dst:
+            return None
+    return order
+
+
+def _connection_orders_agree(plans, send_order: list[Transfer] | None = None) -> list:
+    """Fused sends whose early position would reorder messages on their connection (to unfuse): on each connection
+    and channel, taken in the schedule's order of its transfers (``send_order``, :func:`_send_order`), a send
+    whose op runs before an earlier one's."""
+    sends = [op for plan in plans for op in plan.ops if op.send is not None]
+    if send_order is not None:
+        op_of = {id(op.send): op for op in sends}
+        ordered = [op_of[id(t)] for t in send_order]
+    else:
+        ordered = [sends[k] for k in sorted(range(len(sends)), key=lambda k: (
+            sends[k].send.step, sends[k].send.chunk, sends[k].send.src, sends[k].position, k))]
     bad = []
-    sender_seq = defaultdict(list)
-    for plan in plans:
-        for op in plan.ops:
-            if op.send is not None:
-                sender_seq[(op.send.src, op.send.dst, op.tb_key[0])].append((op.position, op))
-    for key, items in sender_seq.items():
-        items.sort(key=lambda x: x[0])
-        last = None
-        for pos, op in sorted(items, key=lambda x: (x[1].send.step, x[1].send.chunk, x[1].send.src)):
-            if last is not None and pos < last:
-                bad.append(op)
-            else:
-                last = pos
+    latest: dict[tuple[int, int, int], tuple] = {}     # (src, dst, chan) -> the latest position so far
+    for op in ordered:
+        send = op.send
+        key = (send.src, send.dst, op.tb_key[0])
+        last = latest.get(key)
+        if last is not None and op.position < last:
+            bad.append(op)
+        else:
+            latest[key] = op.position
     return bad
 
 
@@ -300,6 +340,15 @@ class PlannedOps:
         self._planned: dict[bool, tuple[list, object]] = {}
         self.programs: dict[tuple, MscclProgram] = {}
 
+    @functools.cached_property
+    def _index(self) -> _TransferIndex:
+        return _TransferIndex(self.schedule)
+
+    @functools.cached_property
+    def send_order(self) -> list[Transfer] | None:
+        """:func:`_send_order` of the schedule."""
+        return _send_order(self.schedule)
+
     def forget(self, keys) -> None:
         """Drop the programs lowered under ``keys`` (lowerings that did not fit: at 1024 GPUs each holds about a
         GB)."""
@@ -309,7 +358,7 @@ class PlannedOps:
     def plans(self, fuse: bool) -> tuple[list[_RankPlan], object]:
         """Fresh rank plans (their ops are changed by threadblock assignment) and the buffer layout."""
         if fuse not in self._planned:
-            self._planned[fuse] = _plan_ops(self.schedule, fuse)
+            self._planned[fuse] = _plan_ops(self.schedule, fuse, self._index)
         kept, layout = self._planned[fuse]
         plans = []
         for plan in kept:
@@ -331,8 +380,8 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
                    proto: str = "Simple", name: str | None = None, min_bytes: int = 0,
                    max_bytes: int = DEFAULT_MAX_BYTES, fuse: bool = True, channels: int = 1,
                    group: int = 1, planned: PlannedOps | None = None, per_message: bool = False,
-                   balance: bool = False, in_link_order: bool = False, tb_budget: int | None = None
-                   ) -> MscclProgram | OverBudget:
+                   balance: bool = False, in_link_order: bool = False, tb_budget: int | None = None,
+                   in_flight: bool = False) -> MscclProgram | OverBudget:
     """Lower a verified Schedule to an MSCCL program (threadblocks, channels, steps, dependencies).
 
     ``topology`` and ``size_bytes`` are accepted for a uniform backend signature; the program itself does not
@@ -346,15 +395,18 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     (:func:`_wait_per_message`), so that merging can make each message one step. ``in_link_order``: a send waits
     for the connection's message before it on another channel (:func:`_order_connections`). ``tb_budget``: when
     some GPU would hold more threadblocks than this (its SMs), :class:`OverBudget` says so as soon as the
-    threadblocks are known, and no program is made.
+    threadblocks are known, and no program is made. ``in_flight`` (plain, without groups to merge): each connection
+    gets the channels that keep its messages in flight past the runtime's FIFO, as far as the topology's SMs allow
+    (:func:`_in_flight_spread`), instead of ``balance`` or round robin by chunk.
     """
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
-    key = (fuse, channels, group, balance, target, proto, name, min_bytes, max_bytes, per_message, in_link_order)
+    key = (fuse, channels, group, balance, target, proto, name, min_bytes, max_bytes, per_message, in_link_order,
+           in_flight)
     if planned is not None and key in planned.programs:
         return planned.programs[key]
     program = _lower(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, fuse, channels, group,
-                     planned, per_message, balance, in_link_order, tb_budget)
+                     planned, per_message, balance, in_link_order, tb_budget, in_flight)
     if planned is not None and isinstance(program, MscclProgram):
         planned.programs[key] = program
     return program
@@ -364,7 +416,9 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
 class OverBudget:
     """A lowering not made: GPU ``gpu`` would hold ``threadblocks``, more than the budget asked for (its SMs).
     Known once threadblocks are assigned, before the steps and dependencies that take most of the lowering's time
-    are written (dgx1 tree packings: a fused lowering of 96 threadblocks for 80 SMs, 1.3 s of a 5 s solve)."""
+    are written (dgx1 tree packings: a fused lowering of 96 threadblocks for 80 SMs, 1.3 s of a 5 s solve); for a
+    fused lowering far over the budget, as soon as its chains are first placed (:data:`OVER_BUDGET_MARGIN`: the
+    count before the rounds that unfuse)."""
 
     threadblocks: int
     gpu: int
@@ -374,23 +428,37 @@ class OverBudget:
 # sends and receives, and rounds in a row that may unfuse no fewer than the one before (no progress).
 UNFUSE_ROUNDS = 8
 UNFUSE_STALLED_ROUNDS = 3
+# A fused lowering whose chains, all placed, take this many times its threadblock budget is given up before the
+# rounds that unfuse what breaks a connection's order: they unfuse a few percent of the chains and rarely free a
+# tenth of the threadblocks (dgx1 1 GB tree packings on 10 channels, 80 SMs: Allgather 115 -> 106 in 6 rounds,
+# Allreduce 129 -> 116 and ReduceScatter 142 -> 139 in 8, then plain); those rounds were 1 s of a 6 s solve.
+OVER_BUDGET_MARGIN = 1.25
 
 
 def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, name: str | None, min_bytes: int,
            max_bytes: int, fuse: bool, channels: int, group: int, planned: PlannedOps | None,
            per_message: bool = False, balance: bool = False, in_link_order: bool = False,
-           tb_budget: int | None = None) -> MscclProgram | OverBudget:
+           tb_budget: int | None = None, in_flight: bool = False) -> MscclProgram | OverBudget:
     """:func:`lower_to_msccl` without the memo."""
     plans, layout = planned.plans(fuse) if planned is not None else _plan_ops(schedule, fuse)
-    buckets = _peer_buckets(schedule)
-    spread = None if channels <= 1 and not buckets else _spread_over_channels(schedule, channels, group, buckets,
-                                                                              max_steps(target), balance)
+    spread = _in_flight_spread(schedule, channels, RUNTIME_FIFO_DEPTH.get(proto, DEFAULT_RUNTIME_FIFO_DEPTH),
+                               topology, max_steps(target)) if in_flight and not fuse and group <= 1 else None
+    if spread is None:
+        buckets = _peer_buckets(schedule)
+        spread = None if channels <= 1 and not buckets else _spread_over_channels(schedule, channels, group, buckets,
+                                                                                  max_steps(target), balance)
+    send_order = planned.send_order if planned is not None else _send_order(schedule)
     unfused = []       # ops unfused per round
     for _ in range(UNFUSE_ROUNDS):
         bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
-        bad = bad or _connection_orders_agree(plans)
+        placed = not bad
+        bad = bad or _connection_orders_agree(plans, send_order)
         if not bad:
             break
+        if placed and tb_budget is not None:
+            over = _most_threadblocks(plans)
+            if over[0] > tb_budget * OVER_BUDGET_MARGIN:
+                return OverBudget(*over)
         unfused.append(len(bad))
         if len(unfused) >= UNFUSE_STALLED_ROUNDS and all(
                 a <= b for a, b in zip(unfused[-UNFUSE_STALLED_ROUNDS:], unfused[-UNFUSE_STALLED_ROUNDS + 1:])):
@@ -401,9 +469,9 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
             plan.ops.extend(extra)
     if bad:
         return lower_to_msccl(schedule, topology, size_bytes, target, proto, name, min_bytes, max_bytes, False,
-                              channels, group, planned, per_message, balance, in_link_order, tb_budget)
+                              channels, group, planned, per_message, balance, in_link_order, tb_budget, in_flight)
     if tb_budget is not None:
-        over = max(((len({op.tb_key for op in plan.ops}), plan.rank) for plan in plans), default=(0, 0))
+        over = _most_threadblocks(plans)
         if over[0] > tb_budget:
             return OverBudget(*over)
     coll = schedule.collective
@@ -419,6 +487,11 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
         nchunksperloop=conventions.nchunksperloop(coll.name, coll.input_chunks, coll.num_ranks),
         coll=COLL_SPELLING[target] if coll.name == "reducescatter" else coll.name, inplace=inplace,
         outofplace=1, min_bytes=min_bytes, max_bytes=max_bytes, gpus=tuple(gpus))
+
+
+def _most_threadblocks(plans) -> tuple[int, int]:
+    """(threadblocks, rank) of the rank with the most threadblocks (the last such), once every op has its key."""
+    return max(((len({op.tb_key for op in plan.ops}), plan.rank) for plan in plans), default=(0, 0))
 
 
 def _order_shared_ports(ops: list[_Op], topology, per_message: bool = False) -> None:
@@ -529,6 +602,59 @@ def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1,
             + channels * buckets.get((t.src, t.dst), 0) for t in schedule.transfers}
 
 
+def _in_flight_spread(schedule: Schedule, channels: int, fifo_depth: int, topology, steps_per_tb: int
+                      ) -> dict[int, int] | None:
+    """Channel of every transfer (by id) such that the messages of each connection queue behind the runtime's FIFO
+    (``fifo_depth`` per connection and channel) as little as the GPUs' SMs allow: each connection takes its messages
+    by position over its own number of channels (never more than ``channels``, nor more than its messages fill
+    ``fifo_depth`` at a time), given first where draining the connection's queue costs the most (its alpha times
+    the rounds of ``fifo_depth`` messages it still waits), as long as both ends keep a threadblock per SM (plain
+    sends and receives: one threadblock per connection and channel, and one for local copies). None when some GPU
+    has more peers than a channel holds (:func:`_peer_buckets`) or no connection queues.
+
+    Round robin by chunk (:func:`spread_index`) knows nothing of the FIFO: TE-CCL's two NDv2 nodes relay an
+    Alltoall's 64 blocks of a node over one link of alpha 1.3 us, and chunks ``src * 16 + dst`` fell on 16 of 32
+    channels, four behind each FIFO of two (4.81 us for a plan of 4.20); here every one is in flight at once, and
+    the light NVLink connections take only the channels their messages fill (4.20 us within 80 SMs).
+    """
+    if _peer_buckets(schedule):
+        return None
+    per_connection: dict[tuple[int, int], list] = defaultdict(list)
+    for t in schedule.transfers:
+        per_connection[(t.src, t.dst)].append(t)
+    budget = topology.sms_per_gpu if topology is not None and topology.sms_per_gpu is not None else float("inf")
+    share = {c: max(1, ceil(len(messages) / steps_per_tb)) for c, messages in per_connection.items()}
+    used: Counter = Counter()
+    for (src, dst), k in share.items():
+        used[src] += k
+        used[dst] += k
+
+    def rounds(c: tuple[int, int]) -> int:
+        return ceil(len(per_connection[c]) / (share[c] * fifo_depth))
+
+    alpha = {c: (topology.link(*c).alpha_us if topology is not None and topology.link(*c) is not None else 1.0)
+             for c in per_connection}
+    if all(rounds(c) <= 1 for c in per_connection):
+        return None
+    queue = [(-alpha[c] * rounds(c), c) for c in sorted(per_connection)]
+    heapq.heapify(queue)
+    while queue:
+        _, c = heapq.heappop(queue)
+        waits = rounds(c)
+        if waits <= 1:
+            continue
+        wanted = min(channels, ceil(len(per_connection[c]) / (fifo_depth * (waits - 1))))   # one round fewer
+        extra = wanted - share[c]
+        if extra <= 0 or max(used[c[0]], used[c[1]]) + extra + 1 > budget:
+            continue     # (one threadblock kept for local copies)
+        share[c] = wanted
+        used[c[0]] += extra
+        used[c[1]] += extra
+        heapq.heappush(queue, (-alpha[c] * rounds(c), c))
+    return {id(t): k % share[c] for c, messages in per_connection.items()
+            for k, t in enumerate(sorted(messages, key=lambda t: (t.step, t.chunk)))}
+
+
 def _peer_buckets(schedule: Schedule) -> dict[tuple[int, int], int]:
     """The set of channels each connection (src, dst) goes on, for ranks with more peers in one direction than a
     channel holds (32 sending and 32 receiving threadblocks per GPU, one per peer in the plain lowering); empty
@@ -588,27 +714,42 @@ def _add_dependencies(ops: list[_Op], key) -> None:
     write that waits for readers does not also wait for the writer they read (each reader came after it): a
     second dependency costs a ``nop`` step, and the receives of an Allreduce's second half each had one."""
     last_writer: dict = {}
-    readers_since: dict = defaultdict(list)
-    for op in sorted(ops, key=lambda o: o.position):
+    readers_since: dict = {}
+    for op in sorted(ops, key=_by_position):
         src, dst = key(op.src), key(op.dst)
+        writes = op.writes
+        readers = readers_since.get(dst) if writes else None
         deps = []
-        for slot in {src, dst} if op.writes else {src}:
+        for slot in {src, dst} if writes else (src,):
             # a write after reads waits for those readers, and each of them already came after the last writer
-            if slot in last_writer and not (op.writes and slot == dst and readers_since[dst]):
+            if slot in last_writer and not (readers and slot == dst):
                 deps.append(last_writer[slot])
-        if op.writes:
-            deps += readers_since[dst]
-        latest_per_tb = {}
-        for d in deps:   # within one tb, waiting for its latest op covers the earlier ones
-            if d.tb_key != op.tb_key and (d.tb_key not in latest_per_tb or
-                                          latest_per_tb[d.tb_key].position < d.position):
-                latest_per_tb[d.tb_key] = d
-        op.deps = tuple(latest_per_tb.values())
-        if op.writes:
+        if readers:
+            deps += readers
+        if deps:
+            tb = op.tb_key
+            latest_per_tb = {}
+            for d in deps:   # within one tb, waiting for its latest op covers the earlier ones
+                other = d.tb_key
+                if other != tb:
+                    latest = latest_per_tb.get(other)
+                    if latest is None or latest.position < d.position:
+                        latest_per_tb[other] = d
+            op.deps = tuple(latest_per_tb.values())
+        else:
+            op.deps = ()
+        if writes:
             last_writer[dst] = op
             readers_since[dst] = []
-        if src != dst or not op.writes:
-            readers_since[src].append(op)
+        if src != dst or not writes:
+            if src in readers_since:
+                readers_since[src].append(op)
+            else:
+                readers_since[src] = [op]
+
+
+def _by_position(op: _Op) -> tuple:
+    return op.position
 
 
 def _message_runs(ops: list[_Op]) -> list[list[_Op]]:
@@ -678,15 +819,10 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
     by_tb = defaultdict(list)
     for op in plan.ops:
         by_tb[op.tb_key].append(op)
-    keys = sorted(by_tb, key=lambda k: (k[0], k[1], k[2]))
-    tb_id = {k: i for i, k in enumerate(keys)}
+    keys = sorted(by_tb)
     for k in keys:
-        by_tb[k].sort(key=lambda o: o.position)
+        by_tb[k].sort(key=_by_position)
     # Dependencies: an op reading or writing a slot waits for the last earlier writer of that slot in another tb.
-    where = {}
-    for k in keys:
-        for i, op in enumerate(by_tb[k]):
-            where[id(op)] = (k, i)
     # only an in-place program's i and o alias (an out-of-place one waiting for them only stalls)
     _add_dependencies(plan.ops, functools.cache(lambda slot: _memory_key(slot, coll, plan.rank)) if inplace
                       else (lambda slot: slot))
@@ -697,35 +833,42 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
     if per_message:
         _wait_per_message(by_tb)
     drop_implied(by_tb, keys)
-    published = {id(d) for op in plan.ops for d in op.deps}
-    tbs = []
-    for k in keys:
-        steps = []
-        index_of = {}
+    # where each op lands: its threadblock and its step there (each dependency but the last is a nop before it)
+    tb_of: dict[int, int] = {}
+    index_of: dict[int, int] = {}
+    published = set()
+    for tb, k in enumerate(keys):
+        i = 0
         for op in by_tb[k]:
-            dep_refs = [(tb_id[where[id(d)][0]], d) for d in op.deps]
-            for tb, d in dep_refs[:-1]:
-                steps.append(("nop", None, (tb, d)))
-            steps.append(("op", op, (dep_refs[-1][0], dep_refs[-1][1]) if dep_refs else None))
-        tbs.append((k, steps))
-    # second pass: step indices are final only now (nops shift them)
-    for k, steps in tbs:
-        for i, (kind, op, _) in enumerate(steps):
-            if kind == "op":
-                index_of[id(op)] = i
+            tb_of[id(op)] = tb
+            deps = op.deps
+            if deps:
+                i += len(deps) - 1
+                published.update(map(id, deps))
+            index_of[id(op)] = i
+            i += 1
+    sent_from, received_into = peers.sent_from, peers.received_into
     out_tbs = []
-    for k, steps in tbs:
+    for tb, k in enumerate(keys):
         chan, recv, send = k
         emitted = []
-        for i, (kind, op, dep) in enumerate(steps):
-            depid, deps = (dep[0], index_of[id(dep[1])]) if dep else (-1, -1)
-            if kind == "nop":
-                emitted.append(Step(i, "nop", "i", 0, "o", 0, 1, depid, deps, 0))
-                continue
-            hasdep = 1 if id(op) in published else 0
-            (sb, so), (db, do) = peers.fields(op)
-            emitted.append(Step(i, op.kind, sb, so, db, do, 1, depid, deps, hasdep))
-        out_tbs.append(Threadblock(tb_id[k], send, recv, chan, tuple(emitted)))
+        for op in by_tb[k]:
+            for d in op.deps[:-1]:
+                emitted.append(Step(len(emitted), "nop", "i", 0, "o", 0, 1, tb_of[id(d)], index_of[id(d)], 0))
+            if op.deps:
+                last = op.deps[-1]
+                depid, deps = tb_of[id(last)], index_of[id(last)]
+            else:
+                depid, deps = -1, -1
+            kind = op.kind
+            if kind == "s":
+                (sb, so), (db, do) = op.src, received_into.get(id(op.send), op.dst)
+            elif kind == "r":
+                (sb, so), (db, do) = sent_from.get(id(op.recv), op.src), op.dst
+            else:
+                (sb, so), (db, do) = op.src, op.dst
+            emitted.append(Step(len(emitted), kind, sb, so, db, do, 1, depid, deps, 1 if id(op) in published else 0))
+        out_tbs.append(Threadblock(tb, send, recv, chan, tuple(emitted)))
     return Gpu(plan.rank, coll.input_chunks, coll.output_chunks, scratch, tuple(out_tbs))
 
 

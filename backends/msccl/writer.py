@@ -37,9 +37,9 @@ from synth.schedule.costmodel import load_bound_us
 from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT, MAX_XML_CHILDREN
-from backends.msccl.fit import (Fit, Lowering, fit_lowering, has_multi_chunk_messages, hopeless, in_flight_channels,
-                               iter_wider_fits, lower_fitted, measure, unmerged_too_long, whole_message_fit,
-                               wider_channels)
+from backends.msccl.fit import (Fit, Lowering, all_in_flight_channels, fit_lowering, has_multi_chunk_messages, hopeless,
+                               in_flight_channels, iter_wider_fits, lower_fitted, measure, unmerged_too_long,
+                               whole_message_fit, wider_channels)
 from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
@@ -209,10 +209,14 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     _check_name(plain.program.name)
     if plain.fits:
         yield from _with_spreads(schedule, topology, target, plain, merged_may_come + whole, options)
-        channels = in_flight_channels(schedule, topology, plain, RUNTIME_FIFO_DEPTH.get(
-            options["proto"], DEFAULT_RUNTIME_FIFO_DEPTH)) if whole_messages else None
-        if channels is not None:
-            lowering = replace(plain.lowering, channels=channels)
+        fifo_depth = RUNTIME_FIFO_DEPTH.get(options["proto"], DEFAULT_RUNTIME_FIFO_DEPTH)
+        channels = in_flight_channels(schedule, topology, plain, fifo_depth) if whole_messages else None
+        # where alphas dominate, also each connection on the channels that keep its messages past the FIFO
+        in_flight = replace(plain.lowering, channels=all_in_flight_channels(schedule, fifo_depth), balanced=False,
+                            in_flight=True) if whole_messages and plain.lowering.max_cnt == 1 else None
+        for lowering in (replace(plain.lowering, channels=channels) if channels is not None else None, in_flight):
+            if lowering is None:
+                continue
             wide = measure(lower_fitted(schedule, topology, target, lowering, **options), lowering, target,
                            topology.sms_per_gpu)
             if wide.fits:
