@@ -81,10 +81,6 @@ class _RankPlan:
             return self.layout.slot[key]
         return ("o", self.output_index(chunk))
 
-    def own_input(self, chunk: int) -> tuple[str, int] | None:
-        idx = self.indices.inputs[chunk].get(self.rank)
-        return None if idx is None else ("i", idx)
-
     def output_index(self, chunk: int) -> int | None:
         return self.indices.outputs[chunk].get(self.rank)
 
