@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
+from synth.errors import InputError
 from synth.synthesis.request import SynthesisRequest
 
 
@@ -56,13 +57,11 @@ def compare_with_limits(request: SynthesisRequest, time_us: float,
     if baseline is not None:
         name, base_us = baseline
     elif request.include_baselines:
-        fewest: dict[str, int] = {}
-        for refused, chunks in unloadable:
-            fewest[refused] = min(chunks, fewest.get(refused, chunks))
-        runs = [r for r in request.baselines.runs if r.runnable and r.chunks_per_way < fewest.get(r.name, 1 << 62)]
-        if runs:
-            best = min(runs, key=lambda r: r.report.time_us)
+        try:
+            best = request.baselines.best(runnable_only=True, unloadable=unloadable)
             name, base_us = best.name, best.report.time_us
+        except InputError:
+            pass  # no baseline applies on this topology, or none the runtime can load
     if base_us is not None:
         speedup = base_us / time_us
     return LimitComparison(bound.limit_us, bound.binding, 100.0 * bound.limit_us / time_us, name, base_us, speedup)

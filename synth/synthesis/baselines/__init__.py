@@ -34,6 +34,7 @@ __all__ = ["BASELINES", "MAX_BASELINE_TRANSFERS", "MAX_TABLE_TRANSFERS", "Baseli
            "baseline_status", "best_baseline", "build_baseline", "evaluate_baselines", "find_ring", "pack_rings"]
 
 import math
+from collections.abc import Collection
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Callable
@@ -198,15 +199,20 @@ class BaselineTable:
     runs: tuple[BaselineRun, ...]
     reasons: tuple[str, ...]
 
-    def best(self, runnable_only: bool = False) -> BaselineRun:
+    def best(self, runnable_only: bool = False, unloadable: Collection[tuple[str, int]] = ()) -> BaselineRun:
         """The fastest run (the first built among equals); raises InputError when none qualifies.
 
         ``runnable_only`` keeps only schedules the MSCCL runtimes select at power-of-two sizes
-        (see :attr:`synth.model.collectives.Collective.runs_at_power_of_two_sizes`).
+        (see :attr:`synth.model.collectives.Collective.runs_at_power_of_two_sizes`). ``unloadable``: ``(name,
+        chunks per way)`` whose files the writer refused for a runtime limit; those runs, and the same baseline
+        with more chunks, are left out.
         """
+        fewest: dict[str, int] = {}
+        for name, chunks in unloadable:
+            fewest[name] = min(chunks, fewest.get(name, chunks))
         best = None
         for run in self.runs:
-            if runnable_only and not run.runnable:
+            if (runnable_only and not run.runnable) or run.chunks_per_way >= fewest.get(run.name, 1 << 62):
                 continue
             if best is None or run.report.time_us < best.report.time_us:
                 best = run
@@ -214,7 +220,10 @@ class BaselineTable:
             reasons = list(self.reasons)
             if runnable_only:
                 reasons += [f"{r.name} with {r.chunks_per_way} chunk(s): nchunksperloop "
-                            f"{r.schedule.collective.loop_chunks} is not a power of two" for r in self.runs]
+                            f"{r.schedule.collective.loop_chunks} is not a power of two" for r in self.runs
+                            if not r.runnable]
+            reasons += [f"{name} with {chunks} or more chunk(s): the runtime cannot load its files"
+                        for name, chunks in fewest.items()]
             raise InputError("COLLECTIVE", "", f"no baseline applies to {self.collective} on {self.topology}: "
                              + "; ".join(reasons))
         return best
