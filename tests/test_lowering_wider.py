@@ -16,12 +16,17 @@ from synth.synthesis.hierarchy import compose, hierarchy_plans, node_trees
 MB = 1 << 20
 
 
-@pytest.fixture(scope="module")
-def pxn_alltoall():
+def _pxn_alltoall(label: str):
+    """4 x dgx-h100's PXN Alltoall composition ``label`` at 1 MB: schedule, topology, planned time (us)."""
     topology = load_topology("dgx-h100", 4, "rail")
-    plan = hierarchy_plans(topology, "alltoall", MB)[0]
+    plan = next(p for p in hierarchy_plans(topology, "alltoall", MB) if p.label("alltoall") == label)
     schedule = compose(topology, "alltoall", plan, MB, None, node_trees(topology))
     return schedule, topology, verify(schedule, topology, MB).time_us
+
+
+@pytest.fixture(scope="module")
+def pxn_alltoall():
+    return _pxn_alltoall("hierarchy/node-first/c1")
 
 
 def test_more_channels_bring_a_fifo_bound_file_back_to_its_plan(pxn_alltoall):
@@ -44,8 +49,9 @@ def test_the_widening_stops_where_the_sms_run_out(pxn_alltoall):
     assert wider[0].tbs_per_gpu <= small.sms_per_gpu
 
 
-def test_the_writer_chooses_the_wider_file_when_the_first_is_far_behind(pxn_alltoall):
-    schedule, topology, plan_us = pxn_alltoall
+def test_the_writer_chooses_the_wider_file_when_the_first_is_far_behind():
+    """Rail first, two pieces: every variant the writer makes first (fused, plain, on 2 channels) is far behind."""
+    schedule, topology, plan_us = _pxn_alltoall("hierarchy/rail-first/c2")
     messages = []
     emitted = emit_verified_xml(schedule, topology, "executor", MB, plan_us=plan_us, progress=messages.append)
     assert any(m.endswith("behind its plan: trying more channels") for m in messages)
