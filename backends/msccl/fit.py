@@ -35,7 +35,7 @@ from backends.msccl.merge import merge_contiguous
 from backends.msccl.step_floor import element_floor_reason
 from synth.errors import BackendError
 from synth.model.topology import Topology
-from synth.schedule.ir import Schedule
+from synth.schedule.ir import BufferLayout, Schedule
 
 MAX_TRIALS = 12     # lowerings tried per mode before giving up (each is linear in the schedule)
 WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on more channels
@@ -355,15 +355,16 @@ def _closer(a: Fit, b: Fit) -> bool:
     return (len({f.kind for f in a.broken}), a.steps_per_tb) < (len({f.kind for f in b.broken}), b.steps_per_tb)
 
 
-def hopeless(schedule: Schedule, topology: Topology, target: str = "executor", ranks: Iterable[int] | None = None
-             ) -> str | None:
+def hopeless(schedule: Schedule, topology: Topology, target: str = "executor", ranks: Iterable[int] | None = None,
+             layout: BufferLayout | None = None) -> str | None:
     """Why no lowering of ``schedule`` can load on ``target`` with the GPUs' SMs, from the schedule alone (linear,
     no lowering); None when one may.
 
     A rank needs a threadblock per peer it receives from and one per peer it sends to (a fused one can do one of
     each); merging and spreading only add threadblocks, so more peers in one direction than SMs never fit. Nor
     does a rank whose fewest steps already overflow the runtimes' XML reader or its SMs' threadblocks
-    (:func:`~backends.msccl.step_floor.element_floor_reason`). ``ranks``: only these (default: all).
+    (:func:`~backends.msccl.step_floor.element_floor_reason`). ``ranks``: only these (default: all). ``layout``:
+    the schedule's :func:`~synth.schedule.ir.buffer_layout` when the caller has it already.
     """
     sms = topology.sms_per_gpu
     if sms is not None:
@@ -375,7 +376,7 @@ def hopeless(schedule: Schedule, topology: Topology, target: str = "executor", r
             if len(others) > sms and (ranks is None or rank in ranks):
                 return (f"rank {rank} must {direction} {len(others)} peers, a threadblock each, and its GPU runs "
                         f"at most {sms} threadblocks (one per SM)")
-    return element_floor_reason(schedule, target, sms, ranks)
+    return element_floor_reason(schedule, target, sms, ranks, layout)
 
 
 def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", **program_options) -> FitPlan:

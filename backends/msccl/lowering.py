@@ -31,7 +31,7 @@ from math import ceil
 import jinja2
 
 from synth.errors import BackendError
-from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
+from synth.schedule.ir import REDUCE, BufferLayout, Schedule, Transfer, buffer_layout
 
 from backends.msccl import conventions
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
@@ -340,6 +340,11 @@ class PlannedOps:
     def _index(self) -> _TransferIndex:
         return _TransferIndex(self.schedule)
 
+    @property
+    def layout(self) -> BufferLayout:
+        """The schedule's :func:`~synth.schedule.ir.buffer_layout`."""
+        return self._index.layout
+
     @functools.cached_property
     def send_order(self) -> list[Transfer] | None:
         """:func:`_send_order` of the schedule."""
@@ -447,14 +452,15 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
     unfused = []       # ops unfused per round
     for _ in range(UNFUSE_ROUNDS):
         bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
-        placed = not bad
-        bad = bad or _connection_orders_agree(plans, send_order)
-        if not bad:
-            break
-        if placed and tb_budget is not None:
+        if not bad and tb_budget is not None:
+            # all placed and far over: given up whether or not the connections' orders agree (either way the
+            # budget rules it out, see below)
             over = _most_threadblocks(plans)
             if over[0] > tb_budget * OVER_BUDGET_MARGIN:
                 return OverBudget(*over)
+        bad = bad or _connection_orders_agree(plans, send_order)
+        if not bad:
+            break
         unfused.append(len(bad))
         if len(unfused) >= UNFUSE_STALLED_ROUNDS and all(
                 a <= b for a, b in zip(unfused[-UNFUSE_STALLED_ROUNDS:], unfused[-UNFUSE_STALLED_ROUNDS + 1:])):
