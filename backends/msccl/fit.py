@@ -192,22 +192,27 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         tried.add((channels, max_cnt))
         # cuts made to bound the steps divide them evenly (one channel: nothing to cut)
         lowering = Lowering(fuse, channels, max_cnt, strict_merge, balanced=channels > 1)
-        before = set(planned.programs) if planned is not None else set()
-        # a fused lowering stops once it has more threadblocks than SMs: steps and dependencies are not written
-        program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms if fuse else None,
-                               **program_options)
-        fit = _over_budget(program, lowering, sms) if isinstance(program, OverBudget) else measure(
-            program, lowering, target, sms)
-        if fit.fits:
-            return fit
-        if planned is not None:
-            lowered[id(fit)] = [key for key in planned.programs if key not in before]
+        memo = (lowering, target, sms, tuple(sorted((k, v) for k, v in program_options.items() if k != "planned")))
+        fit = planned.misses.get(memo) if planned is not None else None
+        if fit is None:
+            before = set(planned.programs) if planned is not None else set()
+            # a fused lowering stops once it has more threadblocks than SMs: steps and dependencies are not written
+            program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms if fuse else None,
+                                   **program_options)
+            fit = _over_budget(program, lowering, sms) if isinstance(program, OverBudget) else measure(
+                program, lowering, target, sms)
+            if fit.fits:
+                return fit
+            if planned is not None:
+                lowered[id(fit)] = [key for key in planned.programs if key not in before]
+                if "tb-connection" not in {f.kind for f in fit.broken}:    # (the search reads that one's program)
+                    planned.misses[memo] = replace(fit, program=None)
         if best is None or _closer(fit, best):
             best, missed = fit, best
         else:
             missed = fit
         if missed is not None and planned is not None:   # only the closest miss is kept: memory grows per trial
-            planned.forget(lowered.pop(id(missed)))
+            planned.forget(lowered.pop(id(missed), ()))
         kinds = {f.kind for f in fit.broken}
         crowding = _most_on_a_channel(fit.program) / MAX_TBS_PER_CHANNEL_DIRECTION if "tb-connection" in kinds else 0
         # too many tbs or channels: more channels cannot help; too many peers on one channel: they can

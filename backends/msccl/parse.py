@@ -32,7 +32,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax import SAXParseException
-from xml.sax.expatreader import ExpatLocator
 from xml.sax.handler import ContentHandler
 
 from defusedxml import DefusedXmlException
@@ -176,9 +175,7 @@ def parse_msccl_document(text: str, source: str, bounds: ParseBounds = ParseBoun
         raise XmlError(source, _line_at(body, dtd.start()),
                        "DTDs and entity declarations are refused (untrusted input)")
     handler = _Handler(source, bounds.steps)
-    reader = _Reader(forbid_dtd=True, forbid_entities=True, forbid_external=True)
-    reader.setContentHandler(handler)
-    handler.setDocumentLocator(ExpatLocator(reader))  # only parse() sets it; we feed() to bound the input
+    reader = _Reader(handler)
     try:
         reader.feed(f"<{_WRAPPER}>".encode())
         for start in range(0, len(body), _FEED_CHARS):   # piece by piece: no encoded copy of the whole file
@@ -233,16 +230,22 @@ def _syntax_error(source: str, body: str, exc: SAXParseException, handler: _Hand
 
 
 class _Reader(DefusedExpatParser):
-    """defusedxml's expat reader, handing the content handler expat's own dict of an element's attributes (the
-    SAX reader wraps each in an ``AttributesImpl``, a copy per element: a tenth of the parse of 30,000 steps).
-    The handler only reads the dict."""
+    """defusedxml's expat reader (DTDs, entities and external references refused) whose expat parser calls the
+    handler's element methods itself, with expat's own dict of an element's attributes, and tells the handler
+    where it is: the SAX reader wraps every element in calls and an ``AttributesImpl`` copy (a quarter of the
+    parse of 30,000 steps). The handler only reads the dict, and ignores text."""
 
-    def setContentHandler(self, handler):
-        super().setContentHandler(handler)
-        self._start = handler.startElement
+    def __init__(self, handler: _Handler):
+        super().__init__(forbid_dtd=True, forbid_entities=True, forbid_external=True)
+        self.setContentHandler(handler)
 
-    def start_element(self, name, attrs):
-        self._start(name, attrs)
+    def reset(self):
+        super().reset()     # (a new expat parser, with defusedxml's refusals)
+        parser, handler = self._parser, self.getContentHandler()
+        parser.StartElementHandler = handler.startElement
+        parser.EndElementHandler = handler.endElement
+        parser.CharacterDataHandler = None
+        handler.expat = parser
 
 
 @dataclass
@@ -273,11 +276,12 @@ class _Handler(ContentHandler):
         # ... and those that a step accepted whose value fits every integer attribute of a step
         self._step_ints: dict[str, int] = {}
         self._converters = {"algo": self._algo_values, "gpu": self._gpu_values, "tb": self._tb_values}
+        self.expat = None     # the expat parser reading the text (:class:`_Reader`), for line numbers
 
     # --- position and notes -------------------------------------------------------------------------------
     def line(self) -> int:
-        locator = self._locator
-        return (locator.getLineNumber() if locator is not None else None) or 1
+        expat = self.expat
+        return (expat.CurrentLineNumber if expat is not None else None) or 1
 
     def open_elements(self) -> list[tuple[str, int]]:
         return [(f.tag, f.line) for f in self._stack if f.kind != "root"]
