@@ -35,7 +35,7 @@ from backends.msccl.merge import merge_contiguous
 from backends.msccl.step_floor import element_floor_reason
 from synth.errors import BackendError
 from synth.model.topology import Topology
-from synth.schedule.ir import Schedule
+from synth.schedule.ir import BufferLayout, Schedule
 
 MAX_TRIALS = 12     # lowerings tried per mode before giving up (each is linear in the schedule)
 WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on more channels
@@ -192,22 +192,27 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         tried.add((channels, max_cnt))
         # cuts made to bound the steps divide them evenly (one channel: nothing to cut)
         lowering = Lowering(fuse, channels, max_cnt, strict_merge, balanced=channels > 1)
-        before = set(planned.programs) if planned is not None else set()
-        # a fused lowering stops once it has more threadblocks than SMs: steps and dependencies are not written
-        program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms if fuse else None,
-                               **program_options)
-        fit = _over_budget(program, lowering, sms) if isinstance(program, OverBudget) else measure(
-            program, lowering, target, sms)
-        if fit.fits:
-            return fit
-        if planned is not None:
-            lowered[id(fit)] = [key for key in planned.programs if key not in before]
+        memo = (lowering, target, sms, tuple(sorted((k, v) for k, v in program_options.items() if k != "planned")))
+        fit = planned.misses.get(memo) if planned is not None else None
+        if fit is None:
+            before = set(planned.programs) if planned is not None else set()
+            # a fused lowering stops once it has more threadblocks than SMs: steps and dependencies are not written
+            program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms if fuse else None,
+                                   **program_options)
+            fit = _over_budget(program, lowering, sms) if isinstance(program, OverBudget) else measure(
+                program, lowering, target, sms)
+            if fit.fits:
+                return fit
+            if planned is not None:
+                lowered[id(fit)] = [key for key in planned.programs if key not in before]
+                if "tb-connection" not in {f.kind for f in fit.broken}:    # (the search reads that one's program)
+                    planned.misses[memo] = replace(fit, program=None)
         if best is None or _closer(fit, best):
             best, missed = fit, best
         else:
             missed = fit
         if missed is not None and planned is not None:   # only the closest miss is kept: memory grows per trial
-            planned.forget(lowered.pop(id(missed)))
+            planned.forget(lowered.pop(id(missed), ()))
         kinds = {f.kind for f in fit.broken}
         crowding = _most_on_a_channel(fit.program) / MAX_TBS_PER_CHANNEL_DIRECTION if "tb-connection" in kinds else 0
         # too many tbs or channels: more channels cannot help; too many peers on one channel: they can
@@ -378,17 +383,18 @@ def _closer(a: Fit, b: Fit) -> bool:
     return (len({f.kind for f in a.broken}), a.steps_per_tb) < (len({f.kind for f in b.broken}), b.steps_per_tb)
 
 
-def hopeless(schedule: Schedule, topology: Topology, target: str = "executor", ranks: Iterable[int] | None = None
-             ) -> str | None:
+def hopeless(schedule: Schedule, topology: Topology, target: str = "executor", ranks: Iterable[int] | None = None,
+             layout: BufferLayout | None = None) -> str | None:
     """Why no lowering of ``schedule`` can load on ``target`` with the GPUs' SMs, from the schedule alone (linear,
     no lowering); None when one may.
 
     A rank needs a threadblock per peer it receives from and one per peer it sends to (a fused one can do one of
     each); merging and spreading only add threadblocks, so more peers in one direction than SMs never fit. Nor
     does a rank whose fewest steps already overflow the runtimes' XML reader or its SMs' threadblocks
-    (:func:`~backends.msccl.step_floor.element_floor_reason`). ``ranks``: only these (default: all).
+    (:func:`~backends.msccl.step_floor.element_floor_reason`). ``ranks``: only these (default: all). ``layout``:
+    the schedule's :func:`~synth.schedule.ir.buffer_layout` when the caller has it already.
     """
-    return element_floor_reason(schedule, target, topology.sms_per_gpu, ranks)
+    return element_floor_reason(schedule, target, topology.sms_per_gpu, ranks, layout)
 
 
 def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", **program_options) -> FitPlan:

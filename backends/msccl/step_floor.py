@@ -33,7 +33,7 @@ from typing import Iterable
 import numpy as np
 
 from backends.msccl.limits import MAX_CNT, MAX_XML_ELEMENTS, max_steps, xml_elements
-from synth.schedule.ir import Schedule, buffer_layout
+from synth.schedule.ir import BufferLayout, Schedule, buffer_layout
 
 BUFFER_CODES = {"i": 0, "o": 1, "s": 2}
 
@@ -57,8 +57,9 @@ class RankFloor:
         return xml_elements(ngpus, self.threadblocks, self.steps)
 
 
-def rank_floors(schedule: Schedule) -> list[RankFloor]:
-    """Each rank's :class:`RankFloor` (module docstring)."""
+def rank_floors(schedule: Schedule, layout: BufferLayout | None = None) -> list[RankFloor]:
+    """Each rank's :class:`RankFloor` (module docstring); ``layout``: the schedule's
+    :func:`~synth.schedule.ir.buffer_layout` when the caller has it already."""
     n = schedule.num_ranks
     transfers = schedule.transfers
     if not transfers:
@@ -67,7 +68,7 @@ def rank_floors(schedule: Schedule) -> list[RankFloor]:
     dst = np.fromiter((t.dst for t in transfers), np.int64, len(transfers))
     chunk = np.fromiter((t.chunk for t in transfers), np.int64, len(transfers))
     step = np.fromiter((t.step for t in transfers), np.int64, len(transfers))
-    messages = _connection_messages(schedule, src, dst, chunk)
+    messages = _connection_messages(schedule, src, dst, chunk, layout or buffer_layout(schedule))
     received = np.bincount(messages[1], weights=messages[2], minlength=n).astype(np.int64)
     sent = np.bincount(messages[0], weights=messages[2], minlength=n).astype(np.int64)
     forwards = np.minimum(_forwards(src, dst, chunk, step, n), np.minimum(received, sent))
@@ -91,10 +92,11 @@ def _forwarding_peers(src, dst, chunk, n: int) -> tuple[np.ndarray, np.ndarray]:
     return in_peers, out_peers
 
 
-def _connection_messages(schedule: Schedule, src, dst, chunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _connection_messages(schedule: Schedule, src, dst, chunk, layout: BufferLayout
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sender, receiver, messages at least) per connection: its chunks cut where they stop being neighbours in
-    the same buffer at either end, each run in messages of at most :data:`MAX_CNT`."""
-    slot = buffer_layout(schedule).slot
+    the same buffer (of ``layout``) at either end, each run in messages of at most :data:`MAX_CNT`."""
+    slot = layout.slot
     send_buf, send_idx = _slots(slot, src, chunk)
     recv_buf, recv_idx = _slots(slot, dst, chunk)
     # a chunk has one slot per rank, so a connection's sender slot names its pair; one copy of each is enough
@@ -148,13 +150,13 @@ def _forwards(src, dst, chunk, step, n: int) -> np.ndarray:
 
 
 def element_floor_reason(schedule: Schedule, target: str, sms: int | None = None,
-                         ranks: Iterable[int] | None = None) -> str | None:
+                         ranks: Iterable[int] | None = None, layout: BufferLayout | None = None) -> str | None:
     """Why no lowering of ``schedule`` can load on ``target`` (more peers one way than the GPU's ``sms``, its XML
     reader's elements, more threadblocks than SMs, or more steps than the SMs' threadblocks hold), from
     :func:`rank_floors` of ``ranks`` (default: all; a schedule holding only some ranks' transfers has their floors
-    whole); None when one may."""
+    whole); None when one may. ``layout`` as in :func:`rank_floors`."""
     n = schedule.num_ranks
-    floors = rank_floors(schedule)
+    floors = rank_floors(schedule, layout)
     if ranks is not None:
         floors = [floors[r] for r in ranks]
     for f in floors if sms is not None else ():

@@ -135,11 +135,11 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
     _check_collective_known(schedule, target)
     failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
-    reason = hopeless(schedule, topology, target)
+    planned = PlannedOps(schedule)     # every variant lowers the same per-rank ops (planned once per mode)
+    reason = hopeless(schedule, topology, target, layout=planned.layout)
     if reason is not None:
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
-    # every variant lowers the same per-rank ops (planned once per mode)
-    options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes, planned=PlannedOps(schedule))
+    options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes, planned=planned)
     variants = _variants(schedule, topology, target, failures, options,
                          whole_messages=bool(size_bytes) and _alpha_bound(schedule, topology, size_bytes),
                          progress=progress)
