@@ -70,9 +70,10 @@ def test_broadcast_chains_reach_every_rank_once_from_the_root(name, root):
     assert set(crossing.values()) == {2}
 
 
-def test_reduce_chains_run_correctly_and_as_planned(two_small_dgx2):
+@pytest.mark.parametrize("design", ["chain", "chain/fused"])
+def test_reduce_chains_run_correctly_and_as_planned(two_small_dgx2, design):
     topo = two_small_dgx2
-    schedule = compose(topo, "reduce", 64, GIB, design="chain")
+    schedule = compose(topo, "reduce", 64, GIB, design=design)
     plan = verify(schedule, topo, GIB)         # every contribution summed into the root once
     # the verified writer executes the program (postcondition) and times it with the runtime's FIFO depth
     xml = emit_verified_xml(schedule, topo, "executor", GIB, plan_us=plan.time_us)
@@ -104,7 +105,8 @@ def test_chains_are_offered_where_some_gpus_carry_no_rail_and_the_pipeline_is_lo
 @pytest.mark.parametrize("collective", ["broadcast", "reduce"])
 def test_candidates_are_chains_where_chains_are_offered(two_small_dgx2, collective):
     found = synthesize_rooted(two_small_dgx2, collective, 64 << 20)
-    assert found and all(c.label.startswith("rooted/chain/c") for c in found)
+    assert found and all(c.label.startswith("rooted/chain/") for c in found)
     assert all(c.schedule.collective.runs_at_power_of_two_sizes for c in found)
     user = synthesize_rooted(two_small_dgx2, collective, 64 << 20, chunks=8)
-    assert sorted(c.label for c in user) == ["rooted/c8", "rooted/chain/c8"]
+    chains = ["rooted/chain/c8", "rooted/chain/fused/c8"] if collective == "reduce" else ["rooted/chain/c8"]
+    assert sorted(c.label for c in user) == sorted(["rooted/c8"] + chains)

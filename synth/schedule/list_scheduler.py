@@ -62,6 +62,8 @@ _EPS = 1e-9
 # Messages an MSCCL connection holds before a send waits, with the Simple protocol the synthesizer writes
 # (DESIGN section 7; backends.msccl.interpret.RUNTIME_FIFO_DEPTH holds every protocol's, and a test keeps them equal).
 RUNTIME_FIFO_DEPTH = 2
+# How the plan's timing cuts connections over channels (:func:`_time_in_sequence`)
+CUTS = ("chunk", "position", "fused")
 # Channels per connection the plan is timed on (the writer lowers on one and on wider spreads, and the simulator
 # picks): the fastest timing decides the plan's order. Four cover ring-4 Allreduce as ReduceScatter + Allgather
 # (4 pieces: on two channels 40.7 us, its file 35.5 us on four), eight dgx-h100 Broadcast 1 MB (on four 4.95 us,
@@ -148,6 +150,9 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
         other across threadblocks, which the timing does not see (2 x dgx2 ReduceScatter 1 MB timed on two
         channels was planned 6% faster than it ran), nor for the forward schedule a reduction is reversed from
         (dgx-h100 Reduce 1 MB reversed from a Broadcast so ordered ran 19% slower).
+    cut : how the timing cuts connections over channels, as a lowering does (:data:`CUTS`): ``"chunk"`` (each
+        sender's sends through a port in order, whatever their channel), ``"position"`` (the plain lowering of
+        connections longer than a threadblock holds) or ``"fused"`` (fused chains); see :func:`_time_in_sequence`.
 
     Every link keeps its waiting transfers (by ready time, and by priority once they can go); a global heap
     holds one entry per link, so booking a port re-ranks the links through that port, not every transfer
@@ -350,19 +355,26 @@ def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, o
     and, as there, a send waits for the send before it through its port only when that one goes to another
     peer: the channels of one connection go as their data comes (a chain's relays, whose data arrives out of the
     port's planned order: 2 x dgx2 Broadcast 1 GB as chains, the port's order planned 83.7% of the limit, and
-    its file on 32 channels simulated at 98.2%). ``op`` is the operation of every transfer (one string, or one
-    per transfer). Raises ValueError when the sequences wait for each other."""
+    its file on 32 channels simulated at 98.2%). ``cut="fused"``: chunk ``c`` on channel ``c % channels`` (a fused
+    chain keeps a chunk on one channel), relays as their data comes (fused relays are not held to the port's order),
+    and a send of data its rank holds from the start in the port's order (to other peers) and in its link's order
+    (the lowering ``in_link_order``): 2 x dgx2 Reduce 1 GB as chains, the port's order planned 96.7% of the limit and
+    its file ran at 93.4% (fused on 16 channels); so timed, planned 93.6%, its file 95.4%. ``op`` is the operation
+    of every transfer (one string, or one per transfer). Raises ValueError when the sequences wait for each
+    other."""
     n = len(table.chunk)
     link_of = [int(x) for x in table.link]
     links = topology.links
     reduces = [op == REDUCE] * n if isinstance(op, str) else [o == REDUCE for o in op]
-    by_position = cut == "position"
-    channel = _channels_by_position(link_of, order, channels) if by_position else \
+    if cut not in CUTS:
+        raise ValueError(f"unknown cut {cut!r}; use {', '.join(CUTS)}")
+    as_they_come = cut != "chunk"       # sends to one peer on other channels are not held to the port's order
+    channel = _channels_by_position(link_of, order, channels) if cut == "position" else \
         [int(c) % channels for c in table.chunk]
 
     def sequence_key(i: int) -> tuple:
         l = links[link_of[i]]
-        return (l.src, l.sender_port) if l.sender_port is not None and not by_position else \
+        return (l.src, l.sender_port) if l.sender_port is not None and not as_they_come else \
             ("l", link_of[i], channel[i])
 
     # sequences numbered in link order, which breaks ties between sends ready at once as the simulator does (by
@@ -371,8 +383,9 @@ def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, o
     for li, c, i in sorted((link_of[i], channel[i], i) for i in range(n)):
         sequencer.setdefault(sequence_key(i), len(sequencer))
     seq_of = [sequencer[sequence_key(i)] for i in range(n)]    # transfer -> its sequence
-    # what each send waits for besides its data: the send before it in its sequence and, cut by position, the
-    # send before it through its port when that one goes to another peer
+    # what each send waits for besides its data: the send before it in its sequence and, as they come, the send
+    # before it through its port when that one goes to another peer (fused: only a send of data its rank holds from
+    # the start, which also waits for the send before it on its link)
     after: list[list[int]] = [[] for _ in range(n)]
     unmet = [len(p) for p in table.preds]
     last_in: dict = {}
@@ -380,7 +393,14 @@ def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, o
         before = [last_in.get(seq_of[i])]
         last_in[seq_of[i]] = i
         port = links[link_of[i]].sender_port
-        if by_position and port is not None:
+        if cut == "fused":
+            previous = last_in.get(("link", link_of[i]))
+            last_in[("link", link_of[i])] = i
+            if table.preds[i]:
+                port = None
+            else:
+                before.append(previous)
+        if as_they_come and port is not None:
             key = (links[link_of[i]].src, port)
             previous = last_in.get(key)
             last_in[key] = i

@@ -89,12 +89,12 @@ PERSONALISED_KEPT = 2
 REDUCE_RULES = ("deadline", "work")      # list_schedule rules Reduce's reversed trees are booked by
 OWN_RAIL_SCALES = (1.0, 0.75)     # shares of the balanced count of chunks on the root's own rail
 # Chains: channels per connection their plan is timed on (each rank takes one partial sum of a chunk, so channels
-# do not race at a reduction), and the most their fill and drain may cost of the rails' time
+# do not race at a reduction; Broadcast's and Reduce's second timing: those that hold the busiest connection,
+# :func:`_fitting_channels`), and the most their fill and drain may cost of the rails' time
 CHAIN_CHANNELS = (1, 2, 4, 8, 16)
 CHAIN_FILL_SHARE = 0.05
-# Broadcast's chains are timed on those of these channel counts whose threadblocks hold the busiest connection
-# (the executor's steps per threadblock): the lowering cuts it so, and its relays then go as their chunks come
-BROADCAST_CHAIN_CHANNELS = (1, 2, 4, 8, 16, 32)
+# Chains as composed (:func:`compose`): Reduce's timed in each port's order, or as its fused lowering runs
+CHAIN_DESIGNS = ("chain", "chain/fused")
 # How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
 # 93.4% of the limit simulated, each port in the due order 88.6%). Broadcast: the root's hand-outs in the due
 # order, the relays as their chunks come (2 x dgx2 1 GB: 98.2% planned and simulated; booked greedily by least
@@ -112,7 +112,7 @@ class RootedCandidate:
     seconds: float
     rule: str = "sequence"
     own_scale: float = 1.0
-    design: str = "trees"     # or "chain" (:func:`chain_paths`)
+    design: str = "trees"     # or one of CHAIN_DESIGNS (:func:`chain_paths`)
 
     @property
     def label(self) -> str:
@@ -532,8 +532,8 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
     root = root or 0
     if name in PERSONALISED:
         return _personalised(topology, name, chunks, size_bytes, root, rule, own_scale)
-    if design == "chain":
-        chained = _chain(topology, name, chunks, size_bytes, root)
+    if design in CHAIN_DESIGNS:
+        chained = _chain(topology, name, chunks, size_bytes, root, fused=design == "chain/fused")
         if chained is None:
             raise InputError("--method", "", f"rooted chains cover Broadcast and Reduce on two NVSwitch nodes, not "
                              f"{topology.name}")
@@ -634,7 +634,15 @@ def _node_link(topology: Topology, path: list[Edge]):
     return topology.link(*next(e for e in path if topology.node_of(e[0]) == topology.node_of(e[1])))
 
 
-def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, root: int) -> Schedule | None:
+def _fitting_channels(paths: list[list[Edge]], counts: tuple[int, ...]) -> tuple[int, ...]:
+    """Those of ``counts`` whose threadblocks hold the busiest connection of ``paths`` (the executor's steps per
+    threadblock; the largest count where none does): the channels the lowering cuts it into."""
+    longest = max(Counter(e for path in paths for e in path).values())
+    return tuple(k for k in counts if k * max_steps("executor") >= longest) or counts[-1:]
+
+
+def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, root: int,
+           fused: bool = False) -> Schedule | None:
     """Broadcast or Reduce along :func:`chain_paths`, ranked by when each hop is due if every rail crosses back to
     back (the rail's k-th chunk after k rail times, each hop in a node a slot) and booked by
     :data:`CHAIN_RULES`. Broadcast is timed as its plain lowering runs on the channels its long connections need
@@ -660,15 +668,17 @@ def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, 
             for u, v in path:
                 rank.append(have[u])
                 have[v] = have[u] + (nic_slots if topology.node_of(u) != topology.node_of(v) else 1.0)
-        longest = max(Counter(e for path in paths for e in path).values())
-        channels = tuple(k for k in BROADCAST_CHAIN_CHANNELS if k * max_steps("executor") >= longest) \
-            or BROADCAST_CHAIN_CHANNELS[-1:]
         return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
-                             rule=CHAIN_RULES[name], channels=channels, cut="position", notes=notes)
+                             rule=CHAIN_RULES[name], channels=_fitting_channels(paths, CHAIN_CHANNELS + (32,)),
+                             cut="position", notes=notes)
     rank = [slot_us * (c // rails * nic_slots + g - 1 + h - x + (nic_slots - 1 if h > x else 0.0))
             for c, (path, x) in enumerate(zip(paths, cross)) for h in range(len(path))]
+    timing = dict(channels=_fitting_channels(paths, CHAIN_CHANNELS)[:1], cut="fused") if fused else \
+        dict(channels=CHAIN_CHANNELS)
+    if fused:
+        notes["plan"] += "/fused"
     return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=np.array(rank),
-                         rule=CHAIN_RULES[name], channels=CHAIN_CHANNELS, notes=notes)
+                         rule=CHAIN_RULES[name], notes=notes, **timing)
 
 
 def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
@@ -854,8 +864,12 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         # where chains are offered the trees lost everywhere measured (2 x dgx2 Reduce 64 MB: chains 94.2% of the
         # limit simulated, trees at most 90.0%; 1 GB: 93.4% against 79.6%), so they are not composed (a user's
         # chunk count gets both)
+        # Reduce's chains timed both ways (each port in order, or as the fused lowering runs them): neither plan is
+        # the faster file everywhere (2 x dgx2 1 GB: 93.4% of the limit simulated against 95.4%; 64 MB: 94.2%
+        # against 92.1%)
         chained = chain_chunk_options(topology, name, size_bytes, root, chunks)
-        plans = [(c, "sequence", 1.0, "chain") for c in chained]
+        plans = [(c, "sequence", 1.0, design) for c in chained
+                 for design in (CHAIN_DESIGNS if name == "reduce" else CHAIN_DESIGNS[:1])]
         if chunks or not chained:
             plans += [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
                                                               chunk_options(topology, name, size_bytes, root, target))]
