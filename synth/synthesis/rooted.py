@@ -32,7 +32,7 @@ collect in each node to its rail, cross, and collect at the root; they are booke
 in long pipelines: each chunk goes round each node's ring, crossing on its rail in between, so every GPU takes a
 chunk (a partial sum) once and passes it on once. A tree's receiver reduces several partial sums of one chunk in
 turn, and at the runtime's FIFO depth that stalled the rails (2 x dgx2 Reduce 1 GB: reversed Latin squares 77.6% of
-the limit simulated, chains 93.4%). Broadcast's chains cross at once (the rail's sender passes the chunk on across
+the limit simulated, chains 95.4%, timed as their fused lowering runs them). Broadcast's chains cross at once (the rail's sender passes the chunk on across
 and round its node) and are timed as the runtime relays them, as they come (98.2% of the limit, planned and
 simulated).
 
@@ -96,7 +96,7 @@ CHAIN_FILL_SHARE = 0.05
 # Chains as composed (:func:`compose`): Reduce's timed in each port's order, or as its fused lowering runs
 CHAIN_DESIGNS = ("chain", "chain/fused")
 # How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
-# 93.4% of the limit simulated, each port in the due order 88.6%). Broadcast: the root's hand-outs in the due
+# 93.4% of the limit simulated, each port in the due order 88.6%; timed as fused, 95.4% against 88.3%). Broadcast: the root's hand-outs in the due
 # order, the relays as their chunks come (2 x dgx2 1 GB: 98.2% planned and simulated; booked greedily by least
 # slack, 96.0% planned, 93.4% simulated)
 CHAIN_RULES = {"broadcast": "sequence", "reduce": "deadline"}
@@ -817,7 +817,7 @@ def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float) -> 
 def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, root: int | None = None,
                         chunks: int | None = None) -> tuple[int, ...]:
     """Chunk counts for chains (:func:`chain_paths`), or none: they are offered where some GPUs carry no rail
-    (2 x dgx2 1 GB: Reduce 93.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed Latin
+    (2 x dgx2 1 GB: Reduce 95.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed Latin
     squares; Broadcast 98.2% against 93.3%; 2 x dgx-h100, a NIC per GPU: Reduce 81.3% against 98.7%), and only as
     long pipelines: the fewest chunks for which the chain's fill and drain (round both nodes, and one crossing)
     cost at most :data:`CHAIN_FILL_SHARE` of the rails' time (the user's ``chunks``: that count). Half of them
