@@ -573,9 +573,8 @@ def _broadcast_chains(topology: Topology, chunks: int, root: int) -> list[list[E
     which sends it across at once and round the rest of the root's node (GPU ``u`` to ``u - 1``, skipping the
     root); the rail's entry sends it round its node. Every GPU takes a chunk once and passes it on through its
     switch port at most once (the sender also through its NIC), so every port serves one chunk per chunk, and
-    the rails wait for one hop only: round the root's node first, they waited for fifteen, and the root's node
-    and the rails' first chunks (2 x dgx2 Broadcast 1 GB: 96.3% of the limit simulated; crossing at once,
-    98.2%)."""
+    a rail's first chunk waits for one hop, not fifteen: when each chunk went round the root's node before it
+    crossed, 2 x dgx2 Broadcast 1 GB simulated at 96.3% of the limit; crossing at once, 98.2%."""
     routes = RootedRoutes(topology, root)
     g, n0 = routes.g, root // routes.g
     if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
