@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from synth.cli import main
 from synth.errors import NoSolutionError
 from synth.model.topology import load_topology
-from synth.solver.deadline import UNBOUNDED, Deadline, search_deadline
+from synth.solver.deadline import UNBOUNDED, Deadline, DeadlinePassed, search_deadline
 from synth.solver.highs import FEASIBLE, NO_SOLUTION, OPTIMAL, Model, SolverOptions, solve_model
 from synth.synthesis.method import Method
 from synth.synthesis.request import SynthesisRequest
@@ -230,3 +230,107 @@ def test_when_time_runs_out_no_baseline_is_written_that_cannot_win(monkeypatch):
     fastest_replay = min(r.report.time_us for r in solution.request.baselines.runs if r.runnable)
     assert solution.chosen.simulated_us <= fastest_replay * (1 + 1e-9)
     assert solution.report()["speedup_vs_baseline"] >= 1.0
+
+
+def _writes_stop_at(monkeypatch, call: int) -> list[str]:
+    """The ``call``-th write (1-based) is where the CLI's hard stop arrives (:class:`DeadlinePassed`); the writes
+    before it run as usual. Returns the labels written, in order."""
+    from synth.synthesis import solve as solve_module
+
+    real_emit, labels = solve_module.emit_verified_xml, []
+
+    def emit(*args, **kwargs):
+        labels.append(args[0].method)
+        if len(labels) == call:
+            raise DeadlinePassed
+        return real_emit(*args, **kwargs)
+
+    monkeypatch.setattr(solve_module, "emit_verified_xml", emit)
+    return labels
+
+
+def test_a_hard_stop_after_a_verified_file_keeps_it_with_status_time_limit(monkeypatch):
+    writes = _writes_stop_at(monkeypatch, call=2)
+    messages = []
+    solution = solve(SynthesisRequest(load_topology("fully-connected-4"), "allgather", 1 << 20),
+                     progress=messages.append)
+    assert len(writes) == 2 and solution.time_limited
+    assert solution.report()["status"] == TIME_LIMIT_STATUS
+    assert solution.xml.text.startswith("<algo") and solution.chosen.candidate.result.schedule.method == writes[0]
+    assert any(m.startswith("  time limit and grace passed while writing ") for m in messages)
+
+
+def test_a_hard_stop_before_any_verified_file_names_what_was_being_written(monkeypatch):
+    _writes_stop_at(monkeypatch, call=1)
+    request = SynthesisRequest(load_topology("ring-4"), "allgather", 1 << 20, deadline=Deadline.after(2.0))
+    with pytest.raises(NoSolutionError, match=r"^the 2 s time limit and 10 s of grace to finish a file ran out while "
+                       r"writing \S+ \(\d+ transfers\), and no plan was verified; nothing is written\. Raise "
+                       r"--time-limit \(at 4 GPUs"):
+        solve(request)
+
+
+def test_the_cli_hard_stop_interrupts_work_that_never_looks_at_the_clock(monkeypatch):
+    import time
+
+    from synth.cli._common import hard_stop
+    from synth.solver import deadline as deadline_module
+
+    monkeypatch.setattr(deadline_module, "HARD_STOP_GRACE_MIN_S", 0.05)
+    started = time.monotonic()
+    with pytest.raises(DeadlinePassed):
+        with hard_stop(Deadline.after(0.05)):
+            while time.monotonic() - started < 5.0:
+                pass
+    assert time.monotonic() - started < 2.0
+    with hard_stop(Deadline.after(0.05)):   # left in time: disarmed, nothing arrives later
+        pass
+    time.sleep(0.2)
+    with hard_stop(UNBOUNDED):
+        pass
+
+
+def test_cli_out_of_time_before_any_plan_exits_3_and_writes_nothing(monkeypatch, tmp_path):
+    """The writing outlasts the limit and its grace: one line naming the file being written, exit code 3, no file."""
+    import time
+
+    from synth.solver import deadline as deadline_module
+    from synth.synthesis import solve as solve_module
+
+    monkeypatch.setattr(deadline_module, "HARD_STOP_GRACE_MIN_S", 0.2)
+    monkeypatch.setattr(solve_module, "emit_verified_xml", lambda *args, **kwargs: time.sleep(30))
+    out = tmp_path / "ag.xml"
+    started = time.monotonic()
+    r = CliRunner().invoke(main, ["solve", "allgather", "--topology", "ring-4", "--time-limit", "0.3", "-o",
+                                  str(out)])
+    assert r.exit_code == 3, r.output
+    assert time.monotonic() - started < 10.0
+    assert not out.exists()
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("Error: the 0.3 s time limit and 0.2 s of grace to finish a file ran out while writing ")
+
+
+def test_the_hard_stop_leaves_a_callers_sooner_timer_alone_and_rearms_a_later_one():
+    import signal
+
+    from synth.cli._common import hard_stop
+
+    class Outer(BaseException):
+        pass
+
+    def outer(signum, frame):
+        raise Outer
+
+    previous = signal.signal(signal.SIGALRM, outer)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)       # sooner than the hard stop: it still goes off
+        with pytest.raises(Outer):
+            with hard_stop(Deadline.after(30.0)):
+                signal.pause()
+        signal.setitimer(signal.ITIMER_REAL, 60.0)      # later: re-armed with its time left on leaving
+        with hard_stop(Deadline.after(30.0)):
+            pass
+        left, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 50.0 < left <= 60.0
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        signal.signal(signal.SIGALRM, previous)

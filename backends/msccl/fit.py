@@ -35,7 +35,7 @@ from backends.msccl.merge import merge_contiguous
 from backends.msccl.step_floor import element_floor_reason
 from synth.errors import BackendError
 from synth.model.topology import Topology
-from synth.schedule.ir import Schedule
+from synth.schedule.ir import BufferLayout, Schedule
 
 MAX_TRIALS = 12     # lowerings tried per mode before giving up (each is linear in the schedule)
 WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on more channels
@@ -192,22 +192,27 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         tried.add((channels, max_cnt))
         # cuts made to bound the steps divide them evenly (one channel: nothing to cut)
         lowering = Lowering(fuse, channels, max_cnt, strict_merge, balanced=channels > 1)
-        before = set(planned.programs) if planned is not None else set()
-        # a fused lowering stops once it has more threadblocks than SMs: steps and dependencies are not written
-        program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms if fuse else None,
-                               **program_options)
-        fit = _over_budget(program, lowering, sms) if isinstance(program, OverBudget) else measure(
-            program, lowering, target, sms)
-        if fit.fits:
-            return fit
-        if planned is not None:
-            lowered[id(fit)] = [key for key in planned.programs if key not in before]
+        memo = (lowering, target, sms, tuple(sorted((k, v) for k, v in program_options.items() if k != "planned")))
+        fit = planned.misses.get(memo) if planned is not None else None
+        if fit is None:
+            before = set(planned.programs) if planned is not None else set()
+            # a fused lowering stops once it has more threadblocks than SMs: steps and dependencies are not written
+            program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms if fuse else None,
+                                   **program_options)
+            fit = _over_budget(program, lowering, sms) if isinstance(program, OverBudget) else measure(
+                program, lowering, target, sms)
+            if fit.fits:
+                return fit
+            if planned is not None:
+                lowered[id(fit)] = [key for key in planned.programs if key not in before]
+                if "tb-connection" not in {f.kind for f in fit.broken}:    # (the search reads that one's program)
+                    planned.misses[memo] = replace(fit, program=None)
         if best is None or _closer(fit, best):
             best, missed = fit, best
         else:
             missed = fit
         if missed is not None and planned is not None:   # only the closest miss is kept: memory grows per trial
-            planned.forget(lowered.pop(id(missed)))
+            planned.forget(lowered.pop(id(missed), ()))
         kinds = {f.kind for f in fit.broken}
         crowding = _most_on_a_channel(fit.program) / MAX_TBS_PER_CHANNEL_DIRECTION if "tb-connection" in kinds else 0
         # too many tbs or channels: more channels cannot help; too many peers on one channel: they can
@@ -287,6 +292,29 @@ def iter_wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fi
             yield wider
 
 
+def measured_wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fit, **program_options
+                        ) -> Iterator[Fit]:
+    """``fit``'s lowering on 2, 4, 8, ... times its channels (cut evenly, without merged steps), each lowered and
+    measured, until the GPU's SMs do not hold the threadblocks (the lowering stops as soon as they are counted) or
+    the channels run out; whatever the program's size.
+
+    :func:`wider_channels` guesses from the threadblocks growing linearly with the channels, and they grow less:
+    16 x dgx-h100's PXN Alltoall takes 45 threadblocks on one channel, 59 on 2 and 117 on 4, where a connection's
+    16 messages are finally in flight past the runtime's two-message FIFO (1 MB: 104.9 us on one channel, 22.2 on
+    four, as planned). The writer asks for these only where the file is far behind its plan."""
+    sms = topology.sms_per_gpu
+    channels = fit.lowering.channels * 2
+    while channels <= _mode_channels(fit.lowering.fuse):
+        lowering = replace(fit.lowering, channels=channels, balanced=fit.lowering.balanced or fit.lowering.max_cnt == 1)
+        program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms, **program_options)
+        if isinstance(program, OverBudget):
+            return
+        wider = measure(program, lowering, target, sms)
+        if wider.fits:
+            yield wider
+        channels *= 2
+
+
 def in_flight_channels(schedule: Schedule, topology: Topology, fit: Fit, fifo_depth: int) -> int | None:
     """Channels on which every message of the busiest connection can be in flight at once (the runtime holds
     ``fifo_depth`` per connection and channel, at most :data:`MAX_CHANNELS`), when :func:`wider_channels` does not
@@ -355,27 +383,18 @@ def _closer(a: Fit, b: Fit) -> bool:
     return (len({f.kind for f in a.broken}), a.steps_per_tb) < (len({f.kind for f in b.broken}), b.steps_per_tb)
 
 
-def hopeless(schedule: Schedule, topology: Topology, target: str = "executor", ranks: Iterable[int] | None = None
-             ) -> str | None:
+def hopeless(schedule: Schedule, topology: Topology, target: str = "executor", ranks: Iterable[int] | None = None,
+             layout: BufferLayout | None = None) -> str | None:
     """Why no lowering of ``schedule`` can load on ``target`` with the GPUs' SMs, from the schedule alone (linear,
     no lowering); None when one may.
 
     A rank needs a threadblock per peer it receives from and one per peer it sends to (a fused one can do one of
     each); merging and spreading only add threadblocks, so more peers in one direction than SMs never fit. Nor
     does a rank whose fewest steps already overflow the runtimes' XML reader or its SMs' threadblocks
-    (:func:`~backends.msccl.step_floor.element_floor_reason`). ``ranks``: only these (default: all).
+    (:func:`~backends.msccl.step_floor.element_floor_reason`). ``ranks``: only these (default: all). ``layout``:
+    the schedule's :func:`~synth.schedule.ir.buffer_layout` when the caller has it already.
     """
-    sms = topology.sms_per_gpu
-    if sms is not None:
-        peers: dict[tuple[int, str], set[int]] = {}
-        for t in schedule.transfers:
-            peers.setdefault((t.src, "send to"), set()).add(t.dst)
-            peers.setdefault((t.dst, "receive from"), set()).add(t.src)
-        for (rank, direction), others in sorted(peers.items()):
-            if len(others) > sms and (ranks is None or rank in ranks):
-                return (f"rank {rank} must {direction} {len(others)} peers, a threadblock each, and its GPU runs "
-                        f"at most {sms} threadblocks (one per SM)")
-    return element_floor_reason(schedule, target, sms, ranks)
+    return element_floor_reason(schedule, target, topology.sms_per_gpu, ranks, layout)
 
 
 def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", **program_options) -> FitPlan:

@@ -68,7 +68,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -875,14 +875,14 @@ class _Machine:
             out.append(tuple(value))
         return tuple(out)
 
-    def _received(self, msg: _Message | None, cnt: int, ref: Ref, step: Step) -> list:
-        """Per layout, the ``cnt`` multisets the step takes from its message."""
+    def _received(self, msg: _Message | None, cnt: int, ref: Ref, step: Step) -> Sequence:
+        """Per layout, the ``cnt`` multisets the step takes from its message (a sequence; not to be changed)."""
         if msg is None:  # the receive part was dropped (no receive peer): nothing arrives
             return [[_EMPTY] * cnt for _ in self.views]
         data = msg.data
         sent = len(data[0])
         if sent == cnt:
-            return [list(d) for d in data]
+            return data     # (per layout, a tuple of multisets: never changed, only read)
         s = msg.ref
         self.findings.append(Finding("count", f"{step.type} step receives cnt {cnt}, but the matching send (gpu "
                                      f"{s[0]} tb {s[1]} step {s[2]}) has cnt {sent}", gpu=ref[0],
@@ -907,55 +907,60 @@ class _Machine:
         return key_buf, base + off
 
     def _read(self, view: _View, t: int, ref: Ref, buf: str, off: int, cnt: int, step: Step) -> list:
-        where = self._slots(view, ref, buf, off, cnt, step, "reads")
-        if where is None:
+        gpu = ref[0]
+        place = view.places[gpu].get(buf)     # (:meth:`_slots` inline where the slots are there: once per step)
+        if place is None or off < 0 or off + cnt > place[0]:
+            self._slots(view, ref, buf, off, cnt, step, "reads")    # says why
             return [_EMPTY] * cnt
-        key_buf, first = where
-        get = view.memory[ref[0]].get
+        key_buf, first = place[1], place[2] + off
+        get = view.memory[gpu].get
         if cnt == 1:
             key = (key_buf, first)
             if self.track_races:
-                self._access(view, t, ref, key, False, buf, off)
+                self._access(view, t, ref, (gpu, key), False, buf, off)
             return [get(key, _EMPTY)]
         keys = [(key_buf, first + j) for j in range(cnt)]
         if self.track_races:
             for j, key in enumerate(keys):
-                self._access(view, t, ref, key, False, buf, off + j)
+                self._access(view, t, ref, (gpu, key), False, buf, off + j)
         return [get(key, _EMPTY) for key in keys]
 
     def _write(self, view: _View, t: int, ref: Ref, buf: str, off: int, value: list, step: Step) -> None:
-        where = self._slots(view, ref, buf, off, len(value), step, "writes")
-        if where is None:
-            return
-        key_buf, first = where
         gpu = ref[0]
+        cnt = len(value)
+        place = view.places[gpu].get(buf)
+        if place is None or off < 0 or off + cnt > place[0]:
+            self._slots(view, ref, buf, off, cnt, step, "writes")   # says why
+            return
+        key_buf, first = place[1], place[2] + off
         memory = view.memory[gpu]
         last_writer = view.last_writer
         track = self.track_races
-        if len(value) == 1:
+        if cnt == 1:
             key = (key_buf, first)
+            slot = (gpu, key)
             if track:
-                self._access(view, t, ref, key, True, buf, off)
+                self._access(view, t, ref, slot, True, buf, off)
             memory[key] = value[0]
-            last_writer[(gpu, key)] = ref
+            last_writer[slot] = ref
             return
         for j, v in enumerate(value):
             key = (key_buf, first + j)
+            slot = (gpu, key)
             if track:
-                self._access(view, t, ref, key, True, buf, off + j)
+                self._access(view, t, ref, slot, True, buf, off + j)
             memory[key] = v
-            last_writer[(gpu, key)] = ref
+            last_writer[slot] = ref
 
     # ------------------------------------------------------------------ races
 
-    def _access(self, view: _View, t: int, ref: Ref, key, write: bool, buf: str, index: int) -> None:
-        """Check one access to chunk ``buf[index]`` against the slot's last write and the reads since
-        (FastTrack-style)."""
-        slot = (ref[0], key)
-        epoch = ref[2] + 1
+    def _access(self, view: _View, t: int, ref: Ref, slot: tuple, write: bool, buf: str, index: int) -> None:
+        """Check one access to chunk ``buf[index]`` (``slot``: its gpu and key in memory) against the slot's last
+        write and the reads since (FastTrack-style)."""
         history = view.history
         hist = history.get(slot)
         if hist is None:
+            epoch = ref[2] + 1
             history[slot] = [(t, epoch, ref), {}] if write else [None, {t: (epoch, ref)}]
             return
         vc = self.clock[t]
@@ -963,13 +968,15 @@ class _Machine:
         if last is not None and last[0] != t and vc[last[0]] < last[1]:
             self._race(view, last[2], ref, "write-write" if write else "write-read", f"{buf}[{index}]")
         if write:
-            for u, (e, other) in hist[1].items():
-                if u != t and vc[u] < e:
-                    self._race(view, other, ref, "read-write", f"{buf}[{index}]")
-            hist[0] = (t, epoch, ref)
-            hist[1] = {}
+            readers = hist[1]
+            if readers:
+                for u, (e, other) in readers.items():
+                    if u != t and vc[u] < e:
+                        self._race(view, other, ref, "read-write", f"{buf}[{index}]")
+                hist[1] = {}
+            hist[0] = (t, ref[2] + 1, ref)
         else:
-            hist[1][t] = (epoch, ref)
+            hist[1][t] = (ref[2] + 1, ref)
 
     @staticmethod
     def _race(view: _View, first: Ref, second: Ref, kind: str, name: str) -> None:

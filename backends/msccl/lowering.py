@@ -31,7 +31,7 @@ from math import ceil
 import jinja2
 
 from synth.errors import BackendError
-from synth.schedule.ir import REDUCE, Schedule, Transfer, buffer_layout
+from synth.schedule.ir import REDUCE, BufferLayout, Schedule, Transfer, buffer_layout
 
 from backends.msccl import conventions
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
@@ -175,7 +175,7 @@ def _plan_ops(schedule: Schedule, fuse: bool, index: _TransferIndex | None = Non
                 else:
                     # a rank's own chunk that it also outputs is sent from the output copy (made first by a
                     # cpy), so in-place runs never write the slot a send is reading
-                    received = any(t.step < s.step for t in recvs)
+                    received = bool(recvs) and recvs[0].step < s.step    # (receives in step order)
                     src = home if received or own is None or out is not None else own
                 ops.append(_Op("s", None, s, src, src, (s.step, 0, chunk, s.dst), (), (), False))
             # out-of-place: a rank's own data that it must also output is copied from input to output
@@ -329,16 +329,25 @@ def _connection_orders_agree(plans, send_order: list[Transfer] | None = None) ->
 class PlannedOps:
     """The per-rank ops of one schedule on one topology, planned once per lowering mode (fused or plain): lowering
     the schedule again on other channels or with other merging starts from a fresh copy of them, not from the
-    transfers. The programs lowered are kept too (a fused lowering that falls back to plain is the plain one)."""
+    transfers. The programs lowered are kept too (a fused lowering that falls back to plain is the plain one), and
+    the fit searches' misses (:attr:`misses`)."""
 
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
         self._planned: dict[bool, tuple[list, object]] = {}
         self.programs: dict[tuple, MscclProgram] = {}
+        # lowerings measured that did not fit, without their programs (:func:`backends.msccl.fit.fit_lowering`:
+        # a search for merged steps tries the unmerged lowerings of the search before it again)
+        self.misses: dict[tuple, object] = {}
 
     @functools.cached_property
     def _index(self) -> _TransferIndex:
         return _TransferIndex(self.schedule)
+
+    @property
+    def layout(self) -> BufferLayout:
+        """The schedule's :func:`~synth.schedule.ir.buffer_layout`."""
+        return self._index.layout
 
     @functools.cached_property
     def send_order(self) -> list[Transfer] | None:
@@ -447,14 +456,15 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
     unfused = []       # ops unfused per round
     for _ in range(UNFUSE_ROUNDS):
         bad = _assign_threadblocks(plans, spread, channels if fuse else 1, group)
-        placed = not bad
-        bad = bad or _connection_orders_agree(plans, send_order)
-        if not bad:
-            break
-        if placed and tb_budget is not None:
+        if not bad and tb_budget is not None:
+            # all placed and far over: given up whether or not the connections' orders agree (either way the
+            # budget rules it out, see below)
             over = _most_threadblocks(plans)
             if over[0] > tb_budget * OVER_BUDGET_MARGIN:
                 return OverBudget(*over)
+        bad = bad or _connection_orders_agree(plans, send_order)
+        if not bad:
+            break
         unfused.append(len(bad))
         if len(unfused) >= UNFUSE_STALLED_ROUNDS and all(
                 a <= b for a, b in zip(unfused[-UNFUSE_STALLED_ROUNDS:], unfused[-UNFUSE_STALLED_ROUNDS + 1:])):
@@ -513,6 +523,8 @@ def _order_shared_ports(ops: list[_Op], topology, per_message: bool = False) -> 
         if pair not in egress:
             link = topology.link(*pair)
             egress[pair] = None if link is None else link.sender_port
+    if all(port is None for port in egress.values()):
+        return      # no send leaves through a shared port (direct links)
     order = (lambda o: o.position)
     if per_message:
         peers_of_port: dict = defaultdict(set)
@@ -594,7 +606,9 @@ def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1,
             for k, t in enumerate(sorted(messages, key=lambda t: (t.step, t.chunk))):
                 channel[id(t)] = k % share
     buckets = buckets or {}
-    return {id(t): channel.get(id(t), spread_index(t.chunk, channels, group))
+    if len(channel) == len(schedule.transfers) and not buckets:
+        return channel
+    return {id(t): (channel[id(t)] if id(t) in channel else spread_index(t.chunk, channels, group))
             + channels * buckets.get((t.src, t.dst), 0) for t in schedule.transfers}
 
 

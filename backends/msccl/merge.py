@@ -46,6 +46,9 @@ def merge_contiguous(program: MscclProgram, max_cnt: int = MAX_CNT, strict: bool
     max_cnt = max(1, min(max_cnt, MAX_CNT))
     tbs = [(gpu.id, tb) for gpu in program.gpus for tb in gpu.tbs]
     joined = [_local_joins(tb.steps, max_cnt, strict) for _, tb in tbs]
+    if not any(j and step.type not in LOCAL_TYPES for (_, tb), row in zip(tbs, joined)
+               for j, step in zip(row, tb.steps)):
+        return _rebuild(program, tbs, joined)     # only local copies join: no connection to agree on
     # messages of each connection, at the sender and at the receiver: (tb index, step index) in order
     sent: dict[tuple[int, int, int], list] = {}
     received: dict[tuple[int, int, int], list] = {}
@@ -153,12 +156,14 @@ def _rebuild(program: MscclProgram, tbs: list, joined: list) -> MscclProgram:
                         deps = new_index[u][step.deps]
                 if joined[t][k]:   # the group waits for its last dependency (the same tb's, latest)
                     last = steps[-1]
-                    steps[-1] = replace(last, cnt=last.cnt + step.cnt, hasdep=max(last.hasdep, step.hasdep),
-                                        depid=step.depid if step.depid >= 0 else last.depid,
-                                        deps=deps if step.depid >= 0 else last.deps)
+                    waits = step.depid >= 0
+                    steps[-1] = Step(last.s, last.type, last.srcbuf, last.srcoff, last.dstbuf, last.dstoff,
+                                     last.cnt + step.cnt, step.depid if waits else last.depid,
+                                     deps if waits else last.deps, max(last.hasdep, step.hasdep), last.line)
                     continue
                 steps.append(step if step.s == len(steps) and step.deps == deps
-                             else replace(step, s=len(steps), deps=deps))
+                             else Step(len(steps), step.type, step.srcbuf, step.srcoff, step.dstbuf, step.dstoff,
+                                       step.cnt, step.depid, deps, step.hasdep, step.line))
             out_tbs.append(replace(tb, steps=tuple(steps)))
             t += 1
         out_gpus.append(replace(gpu, tbs=tuple(out_tbs)) if touched else gpu)

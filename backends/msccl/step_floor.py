@@ -12,7 +12,10 @@ Why the floor holds for every lowering (:mod:`backends.msccl.lowering`, :mod:`ba
 - messages merge (``cnt > 1``) only where the chunks sit next to each other in the same buffer at both ends
   (:func:`synth.schedule.ir.buffer_layout`, which every lowering uses) and at most :data:`MAX_CNT` together, so a
   connection carries at least one message per such run of ``MAX_CNT`` chunks;
-- a rank needs a threadblock per peer it sends to and per peer it receives from (a fused one does one of each).
+- a rank needs a threadblock per peer it sends to and per peer it receives from; a threadblock has at most one
+  of each, and our lowerings give a threadblock both only for fused chains, which receive from a peer what they
+  send on to another: so one threadblock serves two peers at most once per peer that forwards (the fewer of the
+  peers it receives chunks from that it also sends, and of the peers it sends chunks it also received).
 
 >>> from synth.model.collectives import make_collective
 >>> from synth.schedule.ir import Schedule, Transfer
@@ -30,7 +33,7 @@ from typing import Iterable
 import numpy as np
 
 from backends.msccl.limits import MAX_CNT, MAX_XML_ELEMENTS, max_steps, xml_elements
-from synth.schedule.ir import Schedule, buffer_layout
+from synth.schedule.ir import BufferLayout, Schedule, buffer_layout
 
 BUFFER_CODES = {"i": 0, "o": 1, "s": 2}
 
@@ -38,7 +41,7 @@ BUFFER_CODES = {"i": 0, "o": 1, "s": 2}
 @dataclass(frozen=True)
 class RankFloor:
     """The least a rank's part of any lowering holds: ``steps`` (messages received plus sent, less forwards) and
-    ``threadblocks`` (the more of its send peers and its receive peers)."""
+    ``threadblocks`` (its send and receive peers, less the pairs fused chains can share, module docstring)."""
 
     rank: int
     steps: int
@@ -46,14 +49,17 @@ class RankFloor:
     received: int      # messages, at least
     sent: int
     forwards: int      # received messages a fused step may also send on, at most
+    send_peers: int = 0
+    recv_peers: int = 0
 
     def elements(self, ngpus: int) -> int:
         """The XML elements the rank's load counts, at least (:func:`backends.msccl.limits.xml_elements`)."""
         return xml_elements(ngpus, self.threadblocks, self.steps)
 
 
-def rank_floors(schedule: Schedule) -> list[RankFloor]:
-    """Each rank's :class:`RankFloor` (module docstring)."""
+def rank_floors(schedule: Schedule, layout: BufferLayout | None = None) -> list[RankFloor]:
+    """Each rank's :class:`RankFloor` (module docstring); ``layout``: the schedule's
+    :func:`~synth.schedule.ir.buffer_layout` when the caller has it already."""
     n = schedule.num_ranks
     transfers = schedule.transfers
     if not transfers:
@@ -62,20 +68,35 @@ def rank_floors(schedule: Schedule) -> list[RankFloor]:
     dst = np.fromiter((t.dst for t in transfers), np.int64, len(transfers))
     chunk = np.fromiter((t.chunk for t in transfers), np.int64, len(transfers))
     step = np.fromiter((t.step for t in transfers), np.int64, len(transfers))
-    messages = _connection_messages(schedule, src, dst, chunk)
+    messages = _connection_messages(schedule, src, dst, chunk, layout or buffer_layout(schedule))
     received = np.bincount(messages[1], weights=messages[2], minlength=n).astype(np.int64)
     sent = np.bincount(messages[0], weights=messages[2], minlength=n).astype(np.int64)
     forwards = np.minimum(_forwards(src, dst, chunk, step, n), np.minimum(received, sent))
     send_peers = np.bincount(np.unique(src * n + dst) // n, minlength=n)
     recv_peers = np.bincount(np.unique(dst * n + src) // n, minlength=n)
-    return [RankFloor(r, int(received[r] + sent[r] - forwards[r]), int(max(send_peers[r], recv_peers[r])),
-                      int(received[r]), int(sent[r]), int(forwards[r])) for r in range(n)]
+    shared = np.minimum(*_forwarding_peers(src, dst, chunk, n))
+    threadblocks = send_peers + recv_peers - shared
+    return [RankFloor(r, int(received[r] + sent[r] - forwards[r]), int(threadblocks[r]), int(received[r]),
+                      int(sent[r]), int(forwards[r]), int(send_peers[r]), int(recv_peers[r])) for r in range(n)]
 
 
-def _connection_messages(schedule: Schedule, src, dst, chunk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _forwarding_peers(src, dst, chunk, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per rank, the peers it receives some chunk from that it also sends, and the peers it sends some chunk to
+    that it also receives (at any step: generous, so the floor stays a floor)."""
+    chunks = int(chunk.max()) + 1
+    recv_key, send_key = dst * chunks + chunk, src * chunks + chunk
+    sends_on = np.isin(send_key, recv_key)       # a send of a chunk its rank also receives
+    takes_on = np.isin(recv_key, send_key)       # a receive of a chunk its rank also sends
+    out_peers = np.bincount(np.unique(src[sends_on] * n + dst[sends_on]) // n, minlength=n)
+    in_peers = np.bincount(np.unique(dst[takes_on] * n + src[takes_on]) // n, minlength=n)
+    return in_peers, out_peers
+
+
+def _connection_messages(schedule: Schedule, src, dst, chunk, layout: BufferLayout
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(sender, receiver, messages at least) per connection: its chunks cut where they stop being neighbours in
-    the same buffer at either end, each run in messages of at most :data:`MAX_CNT`."""
-    slot = buffer_layout(schedule).slot
+    the same buffer (of ``layout``) at either end, each run in messages of at most :data:`MAX_CNT`."""
+    slot = layout.slot
     send_buf, send_idx = _slots(slot, src, chunk)
     recv_buf, recv_idx = _slots(slot, dst, chunk)
     # a chunk has one slot per rank, so a connection's sender slot names its pair; one copy of each is enough
@@ -129,14 +150,20 @@ def _forwards(src, dst, chunk, step, n: int) -> np.ndarray:
 
 
 def element_floor_reason(schedule: Schedule, target: str, sms: int | None = None,
-                         ranks: Iterable[int] | None = None) -> str | None:
-    """Why no lowering of ``schedule`` can load on ``target`` (its XML reader's elements, or more steps than the
-    GPU's SMs hold in threadblocks), from :func:`rank_floors` of ``ranks`` (default: all; a schedule holding only
-    some ranks' transfers has their floors whole); None when one may."""
+                         ranks: Iterable[int] | None = None, layout: BufferLayout | None = None) -> str | None:
+    """Why no lowering of ``schedule`` can load on ``target`` (more peers one way than the GPU's ``sms``, its XML
+    reader's elements, more threadblocks than SMs, or more steps than the SMs' threadblocks hold), from
+    :func:`rank_floors` of ``ranks`` (default: all; a schedule holding only some ranks' transfers has their floors
+    whole); None when one may. ``layout`` as in :func:`rank_floors`."""
     n = schedule.num_ranks
-    floors = rank_floors(schedule)
+    floors = rank_floors(schedule, layout)
     if ranks is not None:
         floors = [floors[r] for r in ranks]
+    for f in floors if sms is not None else ():
+        for direction, peers in (("receive from", f.recv_peers), ("send to", f.send_peers)):
+            if peers > sms:
+                return (f"rank {f.rank} must {direction} {peers} peers, a threadblock each, and its GPU runs at "
+                        f"most {sms} threadblocks (one per SM)")
     worst = max(floors, key=lambda f: f.elements(n))
     if worst.elements(n) > MAX_XML_ELEMENTS:
         return (f"rank {worst.rank} loads at least {worst.elements(n)} XML elements whatever the lowering (the "
@@ -144,6 +171,12 @@ def element_floor_reason(schedule: Schedule, target: str, sms: int | None = None
                 f"messages received and {worst.sent} sent, at most {worst.forwards} of them forwarded by fused "
                 f"steps); the runtimes' XML reader holds at most {MAX_XML_ELEMENTS}")
     if sms is not None:
+        busiest = max(floors, key=lambda f: f.threadblocks)
+        if busiest.threadblocks > sms:
+            return (f"rank {busiest.rank} needs at least {busiest.threadblocks} threadblocks whatever the lowering "
+                    f"(it sends to {busiest.send_peers} peers and receives from {busiest.recv_peers}, a threadblock "
+                    f"each way unless a fused chain forwards from one to the other), and its GPU runs at most {sms} "
+                    "(one per SM)")
         most = max(floors, key=lambda f: f.steps)
         if most.steps > sms * max_steps(target):
             return (f"rank {most.rank} needs at least {most.steps} steps whatever the lowering, and its {sms} "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import itertools
 from dataclasses import dataclass, fields, replace
 from operator import attrgetter
 from pathlib import Path
@@ -38,8 +39,8 @@ from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_AL
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT, MAX_XML_CHILDREN
 from backends.msccl.fit import (Fit, Lowering, all_in_flight_channels, fit_lowering, has_multi_chunk_messages, hopeless,
-                               in_flight_channels, iter_wider_fits, lower_fitted, measure, unmerged_too_long,
-                               whole_message_fit, wider_channels)
+                               in_flight_channels, iter_wider_fits, lower_fitted, measure, measured_wider_fits,
+                               unmerged_too_long, whole_message_fit, wider_channels)
 from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
@@ -50,6 +51,9 @@ TIE = 0.01
 # A file this much slower than its plan is also lowered with each connection's messages in the plan's order
 # (:func:`_in_link_order`).
 BEHIND_PLAN = 0.002
+# A file this much slower than its plan is also lowered on more channels, measured until the SMs are full
+# (:func:`_wider_when_behind`): its connections' messages wait behind the runtime's FIFO.
+FAR_BEHIND_PLAN = 0.05
 SAME = 1e-9     # relative difference of simulated times that is rounding, not speed
 
 
@@ -131,11 +135,11 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
     _check_collective_known(schedule, target)
     failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
-    reason = hopeless(schedule, topology, target)
+    planned = PlannedOps(schedule)     # every variant lowers the same per-rank ops (planned once per mode)
+    reason = hopeless(schedule, topology, target, layout=planned.layout)
     if reason is not None:
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
-    # every variant lowers the same per-rank ops (planned once per mode)
-    options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes, planned=PlannedOps(schedule))
+    options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes, planned=planned)
     variants = _variants(schedule, topology, target, failures, options,
                          whole_messages=bool(size_bytes) and _alpha_bound(schedule, topology, size_bytes),
                          progress=progress)
@@ -161,10 +165,15 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
             exhausted = True
         if first_round and size_bytes:
             ordered = _in_link_order(schedule, topology, target, timed, plan_us, options)
-            if ordered is not None and not any(ordered.program == p for p in programs):
-                programs.append(ordered.program)
-                time_us = _simulated_us(ordered.program, topology, size_bytes)
-                timed.append((_sort_key(time_us, ordered.lowering), time_us, ordered))
+            late = itertools.chain([] if ordered is None else [ordered],
+                                   _wider_when_behind(schedule, topology, target, timed, plan_us, options, progress))
+            for fit in late:
+                if deadline is not None and deadline.expired:
+                    break
+                if not any(fit.program == p for p in programs):
+                    programs.append(fit.program)
+                    time_us = _simulated_us(fit.program, topology, size_bytes)
+                    timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
         first_round = False    # every variant made so far failed its verdict: judge all the others
         timed.sort(key=lambda entry: entry[0])
         while timed:
@@ -261,6 +270,22 @@ def _in_link_order(schedule: Schedule, topology: Topology, target: str, timed: l
     fit = measure(lower_fitted(schedule, topology, target, lowering, **options), lowering, target,
                   topology.sms_per_gpu)
     return fit if fit.fits else None
+
+
+def _wider_when_behind(schedule: Schedule, topology: Topology, target: str, timed: list, plan_us: float | None,
+                       options: dict, progress: Callable[[str], None] = _quiet) -> Iterator[Fit]:
+    """The fastest variant timed so far on more channels, measured until the SMs are full
+    (:func:`~backends.msccl.fit.measured_wider_fits`), when it simulates more than :data:`FAR_BEHIND_PLAN` slower
+    than its plan (``plan_us``): messages that queue behind the runtime's FIFO, which the plan does not model, are
+    in flight on more channels. Lazily, so the caller times each before the next is lowered."""
+    if plan_us is None or not timed:
+        return
+    _, best_us, best = min(timed, key=lambda entry: entry[0])
+    if best_us is None or best_us <= plan_us * (1 + FAR_BEHIND_PLAN) or best.lowering.per_message:
+        return
+    progress(f"    the {best.lowering.label} lowering simulates {100 * (best_us / plan_us - 1):.0f}% behind its plan: "
+             "trying more channels")
+    yield from measured_wider_fits(schedule, topology, target, best, **options)
 
 
 def _alpha_bound(schedule: Schedule, topology: Topology, size_bytes: int) -> bool:

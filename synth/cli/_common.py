@@ -8,6 +8,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 import click
 
@@ -45,6 +46,37 @@ def terminate_as_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def hard_stop(deadline):
+    """Raise :class:`~synth.solver.deadline.DeadlinePassed` in the main thread once ``deadline`` and its grace
+    (:func:`~synth.solver.deadline.hard_stop_s`) have passed, wherever the work is then (a real-time timer,
+    ``SIGALRM``); nothing when unbounded, off the main thread, or when a caller's timer (a test harness's) goes off
+    sooner. On leaving, the timer is disarmed and a caller's later one re-armed with its time left."""
+    from synth.solver.deadline import DeadlinePassed, hard_stop_s
+
+    seconds = hard_stop_s(deadline)
+    outer_s, _ = signal.getitimer(signal.ITIMER_REAL) if threading.current_thread() is threading.main_thread() \
+        else (0.0, 0.0)
+    if (not math.isfinite(seconds) or threading.current_thread() is not threading.main_thread()
+            or 0.0 < outer_s <= seconds):
+        yield
+        return
+
+    def stop(signum, frame):
+        raise DeadlinePassed
+
+    started = time.monotonic()
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0.0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer_s > 0.0:
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer_s - (time.monotonic() - started)))
 
 
 class SynthGroup(click.Group):

@@ -7,14 +7,14 @@ from pathlib import Path
 
 import click
 
-from synth.cli._common import (MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, check_root, check_workers, echo_err,
+from synth.cli._common import (MAX_CHUNKS, MAX_ROUNDS, MAX_STEPS, check_root, check_workers, echo_err, hard_stop,
                                nodes_option, solver_options_for, workers_options)
 from synth.cli._progress import ProgressLog
-from synth.errors import InputError
+from synth.errors import InputError, NoSolutionError
 from synth.fileio import OutputPlan
 from synth.model.collectives import COLLECTIVES, normalize_name
 from synth.model.topology import MAX_RANKS
-from synth.solver.deadline import Deadline
+from synth.solver.deadline import Deadline, DeadlinePassed, grace_s
 from synth.synthesis.method import METHODS
 from synth.units import format_size, parse_size
 
@@ -63,7 +63,8 @@ SOLVE_TIME_LIMIT_S = 300.0
                  "holds one candidate's program in memory: about 1 GB at 256 GPUs.")
 @solver_options_for(SOLVE_TIME_LIMIT_S, time_limit_help="Wall-clock limit of the whole command in seconds: the "
                     "search gets the time left (HiGHS calls included) and the best verified plan found by then is "
-                    "written, with status time-limit.")
+                    "written, with status time-limit. With none verified by then, the file being written may take "
+                    "10% longer (at least 10 s); then the command stops with exit code 3.")
 def solve(collective, topology, nodes, fabric, oversubscription, size, method, sketch, steps, rounds, chunks, root,
           output, schedule_out,
           target, proto, min_bytes, max_bytes, write_model, no_baseline, as_json, workers, scheduler, time_limit,
@@ -105,7 +106,13 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
              f"{time_limit:g} s")
     # a Dask scheduler is reached before any search; local workers start when the first candidate is written
     with open_executor(workers or 1, scheduler, WRITER_PRELOAD) as (executor, slots), progress:
-        solution = solve_request(request, XmlRequest(proto, min_bytes, max_bytes), progress, executor, slots)
+        try:
+            with hard_stop(deadline):
+                solution = solve_request(request, XmlRequest(proto, min_bytes, max_bytes), progress, executor, slots)
+        except DeadlinePassed:      # in the search, before any file: solve_request names the file otherwise
+            raise NoSolutionError(f"the {time_limit:g} s time limit and {grace_s(deadline):g} s of grace ran out "
+                                  f"in '{progress.phase}', before any plan was verified; nothing is written. Raise "
+                                  "--time-limit") from None
     chosen = solution.chosen
     result, replay = chosen.candidate.result, chosen.candidate.report
     schedule = result.schedule

@@ -66,6 +66,38 @@ class Deadline:
 
 UNBOUNDED = Deadline(math.inf)
 
+
+class DeadlinePassed(BaseException):
+    """The command's time limit and its grace (:func:`hard_stop_s`) ran out in the middle of work that does not
+    look at the clock (lowering and checking a 1024-GPU program takes minutes). Raised by the CLI's timer, so it
+    can arrive anywhere: like ``KeyboardInterrupt`` it derives from ``BaseException``, and no handler of library
+    errors swallows it. :func:`synth.synthesis.solve.solve` keeps the files verified before it."""
+
+
+# Past its deadline a command still finishes the file it is writing for this share of the budget, at least
+# HARD_STOP_GRACE_MIN_S seconds, then stops (:class:`DeadlinePassed`): a plan that needs more is out of reach of
+# the limit, and the user is told to raise it.
+HARD_STOP_GRACE_SHARE = 0.10
+HARD_STOP_GRACE_MIN_S = 10.0
+
+
+def grace_s(deadline: Deadline) -> float:
+    """Seconds past ``deadline`` a command may take to finish the file it is writing.
+
+    >>> grace_s(Deadline(300.0)), grace_s(Deadline(1.0))
+    (30.0, 10.0)
+    """
+    return max(HARD_STOP_GRACE_MIN_S, HARD_STOP_GRACE_SHARE * deadline.budget_s)
+
+
+def hard_stop_s(deadline: Deadline) -> float:
+    """Seconds from now until the command must stop (infinite when unbounded): the time left and the grace.
+
+    >>> hard_stop_s(Deadline.after(300.0, clock=lambda: 0.0))
+    330.0
+    """
+    return deadline.remaining_s() + grace_s(deadline)
+
 # What writing and verifying the chosen file may take is held back from the search: this share of the budget,
 # at least WRITE_RESERVE_MIN_S and at most WRITE_RESERVE_MAX_S seconds.
 WRITE_RESERVE_SHARE = 0.15

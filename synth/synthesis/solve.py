@@ -15,7 +15,10 @@ falls back). Texts are returned, never files: the command commits them together
 Under a deadline (``request.deadline``, ``synth solve --time-limit``) the search stops at the request's search
 deadline (phases that cannot start are skipped, HiGHS calls get the time left), and candidates are written
 fastest first until the command's deadline passes: the best verified file found by then is the answer, and the
-solution says that the time limit cut the search (:attr:`Solution.time_limited`).
+solution says that the time limit cut the search (:attr:`Solution.time_limited`). With nothing verified by then,
+the smallest program is still written; a caller that must stop (the CLI, after a grace:
+:func:`synth.solver.deadline.hard_stop_s`) raises :class:`~synth.solver.deadline.DeadlinePassed` into the writing,
+and the files verified before it are the answer (none: :class:`~synth.errors.NoSolutionError`).
 
 Writing is the slow part at cluster scale (minutes per candidate at 64-256 GPUs), and each write is independent:
 with an executor (``synth solve --workers N`` or ``--scheduler``, :mod:`synth.synthesis.parallel`) candidates are
@@ -38,9 +41,9 @@ from typing import Callable
 from backends.msccl.floor import chain_floor_us, schedule_floor_us
 from backends.msccl.lowering import DEFAULT_MAX_BYTES
 from backends.msccl.writer import EmittedXml, check_target_holds, check_target_knows, emit_verified_xml
-from synth.errors import BackendError, InputError, VerificationError
+from synth.errors import BackendError, InputError, NoSolutionError, VerificationError
 from synth.schedule.costmodel import algbw_GBps
-from synth.solver.deadline import Deadline
+from synth.solver.deadline import Deadline, DeadlinePassed, grace_s
 from synth.solver.highs import Status
 from synth.formulations.steps import encode_steps
 from synth.solver.highs import write_model
@@ -165,8 +168,11 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
     def best_us() -> float:
         return min((w.simulated_us for w in written if eligible(w)), default=math.inf)
 
+    writing: list[Candidate] = []   # the candidate whose file is being waited for, if any
+
     def take(candidate: Candidate, deadline: Deadline | None = None) -> bool:
         """Record ``candidate``'s file (waiting at most until ``deadline``); False when the deadline came first."""
+        writing[:] = [candidate]
         try:
             emitted = writer.wait(candidate, deadline)
         except BackendError as exc:
@@ -233,11 +239,24 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
             if not take(candidate, request.deadline):
                 pending.insert(0, candidate)    # the time ran out while it was written: the branch above decides
 
-    write_in_order(list(candidates))
-    fallbacks = _tree_fallbacks(request, candidates, best_us(), progress)
-    if fallbacks:
-        candidates += fallbacks
-        write_in_order(sorted(fallbacks, key=lambda c: c.report.time_us))
+    try:
+        write_in_order(list(candidates))
+        fallbacks = _tree_fallbacks(request, candidates, best_us(), progress)
+        if fallbacks:
+            candidates += fallbacks
+            write_in_order(sorted(fallbacks, key=lambda c: c.report.time_us))
+    except DeadlinePassed:      # the caller's hard stop: the files verified so far are the answer
+        writer.keep([])
+        if not any(eligible(w) for w in written):
+            what = (f"while writing {writing[0].label} ({len(writing[0].result.schedule.transfers)} transfers)"
+                    if writing else "before any file was written")
+            raise NoSolutionError(
+                f"the {request.deadline.budget_s:g} s time limit and {grace_s(request.deadline):g} s of grace to "
+                f"finish a file ran out {what}, and no plan was verified; nothing is written. Raise --time-limit "
+                f"(at {request.topology.num_ranks} GPUs, writing and checking one plan can take minutes)") from None
+        time_limited = True
+        progress(f"  time limit and grace passed {'while writing ' + writing[0].label if writing else ''}: the "
+                 "best file verified so far is the answer")
 
     if not any(eligible(w) for w in written):
         if broken:
