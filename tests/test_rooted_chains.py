@@ -1,14 +1,19 @@
 """Broadcast and Reduce as chains round each node's ring (synth.synthesis.rooted.chain_paths): every rank takes each
-chunk once (Reduce: sends one partial sum of each chunk and takes at most one), the programs run correctly and
-Reduce's as planned, and chains are offered only where some GPUs carry no rail and the pipeline is long."""
+chunk once (Reduce: sends one partial sum of each chunk and takes at most one), the programs run correctly and as
+planned, and chains are offered only where some GPUs carry no rail and the pipeline is long."""
 
 from collections import Counter
 
+import numpy as np
 import pytest
 
+from backends.msccl.fit import Lowering, lower_fitted
+from backends.msccl.simulate import simulate_program
 from backends.msccl.writer import emit_verified_xml
 from synth.bounds.physical import lower_bound
+from synth.model.collectives import make_collective
 from synth.model.topology import compose_nodes, load_topology, topology_from_dict
+from synth.schedule.list_scheduler import list_schedule
 from synth.schedule.replay import verify
 from synth.synthesis.rooted import chain_chunk_options, chain_paths, compose, synthesize_rooted
 
@@ -110,3 +115,27 @@ def test_candidates_are_chains_where_chains_are_offered(two_small_dgx2, collecti
     user = synthesize_rooted(two_small_dgx2, collective, 64 << 20, chunks=8)
     chains = ["rooted/chain/c8", "rooted/chain/fused/c8"] if collective == "reduce" else ["rooted/chain/c8"]
     assert sorted(c.label for c in user) == sorted(["rooted/c8"] + chains)
+
+
+# the list scheduler's timings of connections cut over channels (cut="position": the plain lowering of long
+# connections; "fused": fused chains) let relays go as their data comes, and each plans what its file runs
+
+
+def test_an_unknown_cut_is_refused(two_small_dgx2):
+    topo = two_small_dgx2
+    routes = [tuple(topo.link_index[e] for e in path) for path in chain_paths(topo, "broadcast", 4, 0)]
+    with pytest.raises(ValueError, match="unknown cut 'lanes'; use chunk, position, fused"):
+        list_schedule(topo, make_collective("broadcast", topo.num_ranks, 4, 0), routes, GIB, "t",
+                      rank=np.zeros(sum(map(len, routes))), rule="sequence", cut="lanes")
+
+
+@pytest.mark.parametrize("collective,design,lowering", [
+    ("broadcast", "chain", Lowering(fuse=False, channels=4)),
+    ("reduce", "chain/fused", Lowering(fuse=True, channels=4, in_link_order=True)),
+])
+def test_each_timing_plans_what_its_lowering_runs(two_small_dgx2, collective, design, lowering):
+    topo = two_small_dgx2
+    schedule = compose(topo, collective, 256, GIB, design=design)
+    plan_us = verify(schedule, topo, GIB).time_us
+    program = lower_fitted(schedule, topo, "executor", lowering)
+    assert abs(simulate_program(program, topo, GIB).time_us - plan_us) <= 0.01 * plan_us

@@ -32,7 +32,7 @@ collect in each node to its rail, cross, and collect at the root; they are booke
 in long pipelines: each chunk goes round each node's ring, crossing on its rail in between, so every GPU takes a
 chunk (a partial sum) once and passes it on once. A tree's receiver reduces several partial sums of one chunk in
 turn, and at the runtime's FIFO depth that stalled the rails (2 x dgx2 Reduce 1 GB: reversed Latin squares 77.6% of
-the limit simulated, chains 93.4%). Broadcast's chains cross at once (the rail's sender passes the chunk on across
+the limit simulated, chains 95.4%, timed as their fused lowering runs them). Broadcast's chains cross at once (the rail's sender passes the chunk on across
 and round its node) and are timed as the runtime relays them, as they come (98.2% of the limit, planned and
 simulated).
 
@@ -87,7 +87,9 @@ PERSONALISED_CHUNKS = (8, 16, 32)
 PERSONALISED_RULES = ("work", "tail")
 PERSONALISED_KEPT = 2
 REDUCE_RULES = ("deadline", "work")      # list_schedule rules Reduce's reversed trees are booked by
-OWN_RAIL_SCALES = (1.0, 0.75)     # shares of the balanced count of chunks on the root's own rail
+# shares of the balanced count of chunks on the root's own rail; the greedy booking is erratic in them (2 x dgx2
+# Gather 1 GB, 16 chunks by "tail": 97.4% of the limit simulated with 3/4, 98.0% with 13/16, 57.8% with 0.84)
+OWN_RAIL_SCALES = (1.0, 0.8125, 0.75)
 # Chains: channels per connection their plan is timed on (each rank takes one partial sum of a chunk, so channels
 # do not race at a reduction; Broadcast's and Reduce's second timing: those that hold the busiest connection,
 # :func:`_fitting_channels`), and the most their fill and drain may cost of the rails' time
@@ -96,7 +98,7 @@ CHAIN_FILL_SHARE = 0.05
 # Chains as composed (:func:`compose`): Reduce's timed in each port's order, or as its fused lowering runs
 CHAIN_DESIGNS = ("chain", "chain/fused")
 # How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
-# 93.4% of the limit simulated, each port in the due order 88.6%). Broadcast: the root's hand-outs in the due
+# 93.4% of the limit simulated, each port in the due order 88.6%; timed as fused, 95.4% against 88.3%). Broadcast: the root's hand-outs in the due
 # order, the relays as their chunks come (2 x dgx2 1 GB: 98.2% planned and simulated; booked greedily by least
 # slack, 96.0% planned, 93.4% simulated)
 CHAIN_RULES = {"broadcast": "sequence", "reduce": "deadline"}
@@ -571,9 +573,8 @@ def _broadcast_chains(topology: Topology, chunks: int, root: int) -> list[list[E
     which sends it across at once and round the rest of the root's node (GPU ``u`` to ``u - 1``, skipping the
     root); the rail's entry sends it round its node. Every GPU takes a chunk once and passes it on through its
     switch port at most once (the sender also through its NIC), so every port serves one chunk per chunk, and
-    the rails wait for one hop only: round the root's node first, they waited for fifteen, and the root's node
-    and the rails' first chunks (2 x dgx2 Broadcast 1 GB: 96.3% of the limit simulated; crossing at once,
-    98.2%)."""
+    a rail's first chunk waits for one hop, not fifteen: when each chunk went round the root's node before it
+    crossed, 2 x dgx2 Broadcast 1 GB simulated at 96.3% of the limit; crossing at once, 98.2%."""
     routes = RootedRoutes(topology, root)
     g, n0 = routes.g, root // routes.g
     if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
@@ -817,7 +818,7 @@ def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float) -> 
 def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, root: int | None = None,
                         chunks: int | None = None) -> tuple[int, ...]:
     """Chunk counts for chains (:func:`chain_paths`), or none: they are offered where some GPUs carry no rail
-    (2 x dgx2 1 GB: Reduce 93.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed Latin
+    (2 x dgx2 1 GB: Reduce 95.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed Latin
     squares; Broadcast 98.2% against 93.3%; 2 x dgx-h100, a NIC per GPU: Reduce 81.3% against 98.7%), and only as
     long pipelines: the fewest chunks for which the chain's fill and drain (round both nodes, and one crossing)
     cost at most :data:`CHAIN_FILL_SHARE` of the rails' time (the user's ``chunks``: that count). Half of them
