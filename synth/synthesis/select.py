@@ -160,6 +160,8 @@ def tree_fallback_candidates(request: SynthesisRequest, own: Candidate, progress
 def _tree_candidate(request: SynthesisRequest, chunks: int | None, progress: Progress) -> Candidate:
     from synth.synthesis.trees import synthesize_trees
 
+    progress(f"  tree packing{'' if chunks is None else f' with {chunks} chunks per rank'} (packing LP, chunk "
+             "MILP, list scheduling)")
     tree = synthesize_trees(request.topology, request.collective, request.size_bytes, request.root,
                             request.options, request.target, chunks)
     schedule = tree.schedule
