@@ -229,6 +229,32 @@ def rooted_candidates(request: SynthesisRequest, progress: Progress = _quiet) ->
     return found
 
 
+def reversal_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
+    """A reduction (ReduceScatter, Reduce) as the time-reversal of the fastest runnable baseline of its dual
+    (Allgather, Broadcast) on the reversed machine (:func:`synth.schedule.transforms.reverse_schedule`): partial
+    sums travel the dual's routes backwards in its order, so it takes the dual's time. Where links are one-way or
+    unequal the reductions' own baselines are not their duals' mirror images (TE-CCL's two DGX-2 nodes: the
+    hierarchical Allgather at 98.4% of the limit, simulated, the hierarchical ReduceScatter 68.8%, and every search
+    below 80%). None when the collective has no dual or no dual baseline applies."""
+    from synth.model.topology import reverse_topology
+    from synth.schedule.transforms import REVERSAL_DUAL, reverse_schedule
+
+    dual = REVERSAL_DUAL.get(request.collective)
+    if dual is None:
+        return None
+    try:
+        run = request.baselines_for(dual, reverse_topology(request.topology), progress).best(runnable_only=True)
+    except InputError:
+        return None
+    chunks = run.schedule.collective.chunks_per_rank
+    schedule = reverse_schedule(run.schedule, make_collective(request.collective, request.topology.num_ranks,
+                                                              chunks, request.root), request.topology.name)
+    report = verify(schedule, request.topology, request.size_bytes)
+    progress(f"  reversal of the {dual} baseline {run.name}: {report.time_us:.2f} us")
+    result = SynthesisResult(schedule, Status.FEASIBLE, 0.0, None, 1, schedule.steps, schedule.rounds, chunks)
+    return Candidate(f"reversal/{run.name}/c{run.chunks_per_way}", result, report)
+
+
 def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
     """The fastest baseline the runtimes select at power-of-two sizes, or None when none applies."""
     try:
@@ -325,6 +351,9 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
     if method in (Method.ROUTED, Method.TIMEXP) or flat:
         found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
     found += trees + paths + composed
+    if flat and request.sketch is None:
+        found += [c for c in timed_phase("reversal", lambda: [reversal_candidate(request, progress)], request,
+                                         progress) if c is not None]
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:
