@@ -252,17 +252,26 @@ def test_the_compositions_are_announced_before_they_are_made():
 
 
 def test_an_alltoall_over_more_peers_than_sms_is_refused_before_composing():
-    """128 x dgx-h100: every GPU would receive from 127 rail peers and 7 node peers, a threadblock each, on 132
-    SMs; refused at once with the node count that fits (126), where composing took four minutes."""
+    """128 x dgx-h100: every GPU would send to and receive from 127 rail peers and 7 node peers, a threadblock each
+    way, of which only the node peers' relays share one: 261 threadblocks on 132 SMs; refused at once with the
+    node count that fits (63), where composing took four minutes. 63 nodes need 131 (the floor of
+    backends/msccl/step_floor.py agrees on a smaller machine below)."""
     from synth.errors import BackendError
-    from synth.synthesis.hierarchy import check_threadblocks
+    from synth.synthesis.hierarchy import check_threadblocks, node_share
 
     topo = load_topology("dgx-h100", 128, "rail")
-    with pytest.raises(BackendError, match=r"receive from 127 rail peers and 7 peers in its node.*at most 132 "
-                                           r"threadblocks.*use at most 126 nodes"):
+    with pytest.raises(BackendError, match=r"receive from 127 rail peers and 7 peers in its node.*261 threadblocks, "
+                                           r"and the GPU runs at most 132.*use at most 63 nodes"):
         synthesize_hierarchy(topo, "alltoall", GB)
-    check_threadblocks(load_topology("dgx-h100", 126, "rail"), "alltoall", node_trees(topo))   # fits: no error
+    check_threadblocks(load_topology("dgx-h100", 63, "rail"), "alltoall", node_trees(topo))   # fits: no error
+    with pytest.raises(BackendError, match=r"133 threadblocks"):
+        check_threadblocks(load_topology("dgx-h100", 64, "rail"), "alltoall", node_trees(topo))
     check_threadblocks(topo, "allgather", node_trees(topo))
+    from backends.msccl.step_floor import rank_floors
+    four = load_topology("dgx-h100", 4, "rail")
+    plan = hierarchy_plans(four, "alltoall", GB)[0]
+    floor = rank_floors(node_share(four, "alltoall", plan, node_trees(four)))[0]
+    assert floor.threadblocks == 2 * (4 - 1 + 8 - 1) - min(4 - 1, 8 - 1)
 
 
 def test_solve_refuses_such_an_alltoall_before_building_its_tables_or_bound(monkeypatch):
@@ -281,7 +290,7 @@ def test_solve_refuses_such_an_alltoall_before_building_its_tables_or_bound(monk
     monkeypatch.setattr(request_module, "lower_bound", no_bound)
     topo = load_topology("dgx-h100", 128, "rail")
     make_collective.cache_clear()
-    with pytest.raises(BackendError, match=r"use at most 126 nodes"):
+    with pytest.raises(BackendError, match=r"use at most 63 nodes"):
         solve(SynthesisRequest(topo, "alltoall", GB))
     assert make_collective.cache_info().currsize == 0     # no tables built
 

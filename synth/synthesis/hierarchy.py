@@ -634,18 +634,22 @@ def node_share(topology: Topology, collective: str, plan: HierarchyPlan, nodes: 
 
 
 def check_threadblocks(topology: Topology, collective: str, nodes: NodeTrees) -> None:
-    """Refuse, before composing, an Alltoall whose every GPU receives from more peers than its SMs run
-    threadblocks (one per peer, :func:`backends.msccl.fit.hopeless`): on NVSwitch nodes a GPU receives from every
-    other node on its rail and from every other GPU of its node, whichever hop comes first (128 x dgx-h100:
-    127 + 7 = 134 peers for 132 SMs, found after four minutes of composing)."""
+    """Refuse, before composing, an Alltoall whose GPUs need more threadblocks than their SMs run (one per SM):
+    on NVSwitch nodes a GPU sends to and receives from every other node on its rail and every other GPU of its
+    node, a threadblock per peer each way, and only a relay's two peers can share one (a fused chain that
+    receives from a node peer and sends on to a rail peer, or the other way): ``2 (K - 1 + G - 1) - min(K - 1,
+    G - 1)`` threadblocks for ``K`` nodes of ``G`` GPUs (:mod:`backends.msccl.step_floor`). 128 x dgx-h100 was found after four minutes of composing, 64 x
+    dgx-h100 (133 threadblocks for 132 SMs) after 15 s of the floor."""
     sms = topology.sms_per_gpu
     if normalize_name(collective) != "alltoall" or nodes.kind != "star" or sms is None:
         return
     k, g = topology.num_nodes, topology.gpus_per_node
-    if k - 1 + g - 1 > sms:
-        raise BackendError(f"the PXN composition of an Alltoall over {k} nodes of {g} GPUs has every GPU receive "
-                           f"from {k - 1} rail peers and {g - 1} peers in its node, a threadblock each, and the GPU "
-                           f"runs at most {sms} threadblocks (one per SM); use at most {sms - g + 2} nodes")
+    needed = 2 * (k - 1 + g - 1) - min(k - 1, g - 1)
+    if needed > sms:
+        raise BackendError(f"the PXN composition of an Alltoall over {k} nodes of {g} GPUs has every GPU send to and "
+                           f"receive from {k - 1} rail peers and {g - 1} peers in its node, a threadblock each way "
+                           f"(a relay's two peers can share one, {min(k - 1, g - 1)} pairs): {needed} threadblocks, "
+                           f"and the GPU runs at most {sms} (one per SM); use at most {(sms - g + 1) // 2 + 1} nodes")
 
 
 def worth_writing(candidates: list[HierarchyCandidate]) -> list[HierarchyCandidate]:
