@@ -394,17 +394,7 @@ def hopeless(schedule: Schedule, topology: Topology, target: str = "executor", r
     (:func:`~backends.msccl.step_floor.element_floor_reason`). ``ranks``: only these (default: all). ``layout``:
     the schedule's :func:`~synth.schedule.ir.buffer_layout` when the caller has it already.
     """
-    sms = topology.sms_per_gpu
-    if sms is not None:
-        peers: dict[tuple[int, str], set[int]] = {}
-        for t in schedule.transfers:
-            peers.setdefault((t.src, "send to"), set()).add(t.dst)
-            peers.setdefault((t.dst, "receive from"), set()).add(t.src)
-        for (rank, direction), others in sorted(peers.items()):
-            if len(others) > sms and (ranks is None or rank in ranks):
-                return (f"rank {rank} must {direction} {len(others)} peers, a threadblock each, and its GPU runs "
-                        f"at most {sms} threadblocks (one per SM)")
-    return element_floor_reason(schedule, target, sms, ranks, layout)
+    return element_floor_reason(schedule, target, topology.sms_per_gpu, ranks, layout)
 
 
 def plan_fit(schedule: Schedule, topology: Topology, target: str = "executor", **program_options) -> FitPlan:

@@ -151,13 +151,19 @@ def _forwards(src, dst, chunk, step, n: int) -> np.ndarray:
 
 def element_floor_reason(schedule: Schedule, target: str, sms: int | None = None,
                          ranks: Iterable[int] | None = None, layout: BufferLayout | None = None) -> str | None:
-    """Why no lowering of ``schedule`` can load on ``target`` (its XML reader's elements, or more steps than the
-    GPU's SMs hold in threadblocks), from :func:`rank_floors` of ``ranks`` (default: all; a schedule holding only
-    some ranks' transfers has their floors whole); None when one may. ``layout`` as in :func:`rank_floors`."""
+    """Why no lowering of ``schedule`` can load on ``target`` (more peers one way than the GPU's ``sms``, its XML
+    reader's elements, more threadblocks than SMs, or more steps than the SMs' threadblocks hold), from
+    :func:`rank_floors` of ``ranks`` (default: all; a schedule holding only some ranks' transfers has their floors
+    whole); None when one may. ``layout`` as in :func:`rank_floors`."""
     n = schedule.num_ranks
     floors = rank_floors(schedule, layout)
     if ranks is not None:
         floors = [floors[r] for r in ranks]
+    for f in floors if sms is not None else ():
+        for direction, peers in (("receive from", f.recv_peers), ("send to", f.send_peers)):
+            if peers > sms:
+                return (f"rank {f.rank} must {direction} {peers} peers, a threadblock each, and its GPU runs at "
+                        f"most {sms} threadblocks (one per SM)")
     worst = max(floors, key=lambda f: f.elements(n))
     if worst.elements(n) > MAX_XML_ELEMENTS:
         return (f"rank {worst.rank} loads at least {worst.elements(n)} XML elements whatever the lowering (the "

@@ -141,8 +141,8 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
                 solution = solve_request(request, XmlRequest(proto, min_bytes, max_bytes), progress, executor, slots)
         except DeadlinePassed:      # in the search, before any file: solve_request names the file otherwise
             raise NoSolutionError(f"the {time_limit:g} s time limit and {grace_s(deadline):g} s of grace ran out "
-                                  f"in '{progress.phase}', before any plan was verified; nothing is written. Raise "
-                                  "--time-limit") from None
+                                  f"in '{progress.phase}', before a plan could be written; nothing is written. "
+                                  "Raise --time-limit") from None
     chosen = solution.chosen
     result, replay = chosen.candidate.result, chosen.candidate.report
     schedule = result.schedule

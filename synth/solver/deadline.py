@@ -98,6 +98,7 @@ def hard_stop_s(deadline: Deadline) -> float:
     """
     return deadline.remaining_s() + grace_s(deadline)
 
+
 # What writing and verifying the chosen file may take is held back from the search: this share of the budget,
 # at least WRITE_RESERVE_MIN_S and at most WRITE_RESERVE_MAX_S seconds.
 WRITE_RESERVE_SHARE = 0.15

@@ -534,7 +534,12 @@ def hierarchy_plans(topology: Topology, collective: str, size_bytes: float, targ
         # simulated; at 128 nodes, where only the first is written, 50% of the limit). With several pieces, the
         # greedy booking (8 x dgx-h100, 8 pieces, direct: both 2384 us planned, the greedy file runs as planned
         # and the reversed one 3624 us, ring 2561: two writes, 20 s of CPU, for nothing)
-        plans = [q for p in plans for q in ((replace(p, reversal=True), p) if p.pieces == 1
+        # With one piece on GPUs with a NIC each, the greedy booking is not composed at all: it replayed no faster
+        # than the reversal wherever measured, and its file was the slower (32 nodes above; 128 nodes: 50% of the
+        # limit), while composing it took 2 of the 7 minutes before any writing at 128 nodes
+        own_nics = bool(topology.nics) and all(len(nic.ranks) == 1 for nic in topology.nics)
+        plans = [q for p in plans for q in ((replace(p, reversal=True),) if p.pieces == 1 and own_nics else
+                                            (replace(p, reversal=True), p) if p.pieces == 1
                                             else (p, replace(p, reversal=True)))]
     return plans + [HierarchyPlan(RailShape.DIRECT, c, cross=x) for c in counts
                     if (x := cross_pieces(topology, name, c, trees))]

@@ -32,8 +32,9 @@ collect in each node to its rail, cross, and collect at the root; they are booke
 in long pipelines: each chunk goes round each node's ring, crossing on its rail in between, so every GPU takes a
 chunk (a partial sum) once and passes it on once. A tree's receiver reduces several partial sums of one chunk in
 turn, and at the runtime's FIFO depth that stalled the rails (2 x dgx2 Reduce 1 GB: reversed Latin squares 77.6% of
-the limit simulated, chains 93.4%); Broadcast gains too (97.0% against 95.0%), the runtime relaying each chunk as
-it comes.
+the limit simulated, chains 93.4%). Broadcast's chains cross at once (the rail's sender passes the chunk on across
+and round its node) and are timed as the runtime relays them, as they come (98.2% of the limit, planned and
+simulated).
 
 Scatter (Gather backwards, on the reversed machine) sends each chunk on a path: straight to the root node's GPUs,
 and to other nodes over the root's own NIC or handed to another rail's sender, in the proportion that makes the
@@ -88,13 +89,16 @@ PERSONALISED_KEPT = 2
 REDUCE_RULES = ("deadline", "work")      # list_schedule rules Reduce's reversed trees are booked by
 OWN_RAIL_SCALES = (1.0, 0.75)     # shares of the balanced count of chunks on the root's own rail
 # Chains: channels per connection their plan is timed on (each rank takes one partial sum of a chunk, so channels
-# do not race at a reduction), and the most their fill and drain may cost of the rails' time
+# do not race at a reduction; Broadcast's and Reduce's second timing: those that hold the busiest connection,
+# :func:`_fitting_channels`), and the most their fill and drain may cost of the rails' time
 CHAIN_CHANNELS = (1, 2, 4, 8, 16)
 CHAIN_FILL_SHARE = 0.05
+# Chains as composed (:func:`compose`): Reduce's timed in each port's order, or as its fused lowering runs
+CHAIN_DESIGNS = ("chain", "chain/fused")
 # How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
-# 93.4% of the limit simulated, each port in the due order 88.6%). Broadcast: each port in the due order (97.0%,
-# least slack first 87.9%); the runtime relays a chunk as it comes rather than in that order (fused relays are
-# not held to the port's order, backends.msccl.lowering), so the plan is pessimistic (83.3% planned)
+# 93.4% of the limit simulated, each port in the due order 88.6%). Broadcast: the root's hand-outs in the due
+# order, the relays as their chunks come (2 x dgx2 1 GB: 98.2% planned and simulated; booked greedily by least
+# slack, 96.0% planned, 93.4% simulated)
 CHAIN_RULES = {"broadcast": "sequence", "reduce": "deadline"}
 
 
@@ -108,7 +112,7 @@ class RootedCandidate:
     seconds: float
     rule: str = "sequence"
     own_scale: float = 1.0
-    design: str = "trees"     # or "chain" (:func:`chain_paths`)
+    design: str = "trees"     # or one of CHAIN_DESIGNS (:func:`chain_paths`)
 
     @property
     def label(self) -> str:
@@ -528,8 +532,8 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
     root = root or 0
     if name in PERSONALISED:
         return _personalised(topology, name, chunks, size_bytes, root, rule, own_scale)
-    if design == "chain":
-        chained = _chain(topology, name, chunks, size_bytes, root)
+    if design in CHAIN_DESIGNS:
+        chained = _chain(topology, name, chunks, size_bytes, root, fused=design == "chain/fused")
         if chained is None:
             raise InputError("--method", "", f"rooted chains cover Broadcast and Reduce on two NVSwitch nodes, not "
                              f"{topology.name}")
@@ -547,8 +551,8 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
 
 
 def chain_paths(topology: Topology, collective: str, chunks: int, root: int) -> list[list[Edge]] | None:
-    """Broadcast or Reduce on two NVSwitch nodes as chains, a path per chunk (Reduce: towards the root; Broadcast:
-    from it, parents first), or None where the machine is not two NVSwitch nodes.
+    """Broadcast or Reduce on two NVSwitch nodes as chains, the edges of each chunk (Reduce: a path towards the
+    root; Broadcast: a tree from it, parents first), or None where the machine is not two NVSwitch nodes.
 
     Reduce: chunk ``c`` takes rail ``c mod R``; in the far node its partial sum goes round the node's ring (GPU
     ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender, crosses, and in the root's node goes
@@ -556,13 +560,36 @@ def chain_paths(topology: Topology, collective: str, chunks: int, root: int) -> 
     receives one partial sum of a chunk and sends one (the root's own rail: two into the root), so no receiver
     waits for one partial sum before it may take another, which a tree's reductions do (the reversed Latin
     squares and spreads ran 4-13% faster than they planned and stalled their NICs: 2 x dgx2 Reduce 1 GB,
-    77.6-82.9% of the limit). Broadcast: Reduce's chains on the reversed machine, backwards; every GPU takes a
-    chunk once and passes it on once, so a port serves one chunk per chunk and rail, as the Latin square does, and
-    the runtime relays each as soon as it comes (:func:`_chain`)."""
+    77.6-82.9% of the limit). Broadcast: :func:`_broadcast_chains`."""
     if normalize_name(collective) == "broadcast":
-        chains = _reduce_chains(reverse_topology(topology), chunks, root)
-        return None if chains is None else [[(v, u) for u, v in reversed(path)] for path in chains]
+        return _broadcast_chains(topology, chunks, root)
     return _reduce_chains(topology, chunks, root)
+
+
+def _broadcast_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
+    """Broadcast's chains (:func:`chain_paths`): the root hands chunk ``c`` to the sender of rail ``c mod R``,
+    which sends it across at once and round the rest of the root's node (GPU ``u`` to ``u - 1``, skipping the
+    root); the rail's entry sends it round its node. Every GPU takes a chunk once and passes it on through its
+    switch port at most once (the sender also through its NIC), so every port serves one chunk per chunk, and
+    the rails wait for one hop only: round the root's node first, they waited for fifteen, and the root's node
+    and the rails' first chunks (2 x dgx2 Broadcast 1 GB: 96.3% of the limit simulated; crossing at once,
+    98.2%)."""
+    routes = RootedRoutes(topology, root)
+    g, n0 = routes.g, root // routes.g
+    if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
+        return None
+
+    def ring(start: int, skip: int) -> list[Edge]:
+        """Round ``start``'s node downwards from ``start``, leaving out ``skip``."""
+        others = [v for v in (start - start % g + (start % g - k) % g for k in range(1, g)) if v != skip]
+        return list(zip([start] + others, others))
+
+    paths = []
+    for c in range(chunks):
+        sender, entry = routes.rails[c % len(routes.rails)][n0]
+        path = [] if sender == root else [(root, sender)]
+        paths.append(path + [(sender, entry)] + ring(sender, root) + ring(entry, entry))
+    return paths
 
 
 def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
@@ -596,29 +623,62 @@ def _chain_slots(topology: Topology, paths: list[list[Edge]]) -> tuple[list[int]
     in slots (a chunk through a switch port)."""
     cross = [next(h for h, (u, v) in enumerate(path) if topology.node_of(u) != topology.node_of(v))
              for path in paths]
-    link, node_link = topology.link(*paths[0][cross[0]]), topology.link(*paths[0][0])
+    link, node_link = topology.link(*paths[0][cross[0]]), _node_link(topology, paths[0])
     port_GBps = topology.port_capacity()
     nic_slots = node_link.capacity_GBps / min([link.capacity_GBps] + [port_GBps[p] for p in link.ports])
     return cross, len({path[h] for path, h in zip(paths, cross)}), nic_slots
 
 
-def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, root: int) -> Schedule | None:
+def _node_link(topology: Topology, path: list[Edge]):
+    """The first link of ``path`` inside a node (an NVSwitch's: a chunk through a switch port is a slot)."""
+    return topology.link(*next(e for e in path if topology.node_of(e[0]) == topology.node_of(e[1])))
+
+
+def _fitting_channels(paths: list[list[Edge]], counts: tuple[int, ...]) -> tuple[int, ...]:
+    """Those of ``counts`` whose threadblocks hold the busiest connection of ``paths`` (the executor's steps per
+    threadblock; the largest count where none does): the channels the lowering cuts it into."""
+    longest = max(Counter(e for path in paths for e in path).values())
+    return tuple(k for k in counts if k * max_steps("executor") >= longest) or counts[-1:]
+
+
+def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, root: int,
+           fused: bool = False) -> Schedule | None:
     """Broadcast or Reduce along :func:`chain_paths`, ranked by when each hop is due if every rail crosses back to
     back (the rail's k-th chunk after k rail times, each hop in a node a slot) and booked by
-    :data:`CHAIN_RULES`."""
+    :data:`CHAIN_RULES`. Broadcast is timed as its plain lowering runs on the channels its long connections need
+    (:func:`synth.schedule.list_scheduler.list_schedule` with ``cut="position"``): the relays go as their chunks
+    come, and the plan is what runs (2 x dgx2 Broadcast 1 GB: planned and simulated 98.2% of the limit; timed in
+    each port's order, 83.7% planned)."""
     name = normalize_name(collective)
     paths = chain_paths(topology, name, chunks, root)
     if paths is None:
         return None
     cross, rails, nic_slots = _chain_slots(topology, paths)
     g = topology.gpus_per_node
-    slot_us = size_bytes / chunks / (topology.link(*paths[0][0]).capacity_GBps * BYTES_PER_US_PER_GBPS)
+    slot_us = size_bytes / chunks / (_node_link(topology, paths[0]).capacity_GBps * BYTES_PER_US_PER_GBPS)
+    coll = make_collective(name, topology.num_ranks, chunks, root)
+    route_links = [tuple(topology.link_index[e] for e in path) for path in paths]
+    notes = {"plan": f"{LABEL}chain/c{chunks}", "rails": rails}
+    if name == "broadcast":
+        # the root hands out a chunk per rail time and rail, each rail's in turn; a hop is due when its sender has
+        # the chunk
+        rank = []
+        for c, path in enumerate(paths):
+            have = {root: (c // rails + c % rails / rails) * nic_slots}
+            for u, v in path:
+                rank.append(have[u])
+                have[v] = have[u] + (nic_slots if topology.node_of(u) != topology.node_of(v) else 1.0)
+        return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
+                             rule=CHAIN_RULES[name], channels=_fitting_channels(paths, CHAIN_CHANNELS + (32,)),
+                             cut="position", notes=notes)
     rank = [slot_us * (c // rails * nic_slots + g - 1 + h - x + (nic_slots - 1 if h > x else 0.0))
             for c, (path, x) in enumerate(zip(paths, cross)) for h in range(len(path))]
-    route_links = [tuple(topology.link_index[e] for e in path) for path in paths]
-    return list_schedule(topology, make_collective(name, topology.num_ranks, chunks, root), route_links,
-                         size_bytes, "rooted", rank=np.array(rank), rule=CHAIN_RULES[name], channels=CHAIN_CHANNELS,
-                         notes={"plan": f"{LABEL}chain/c{chunks}", "rails": rails})
+    timing = dict(channels=_fitting_channels(paths, CHAIN_CHANNELS)[:1], cut="fused") if fused else \
+        dict(channels=CHAIN_CHANNELS)
+    if fused:
+        notes["plan"] += "/fused"
+    return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=np.array(rank),
+                         rule=CHAIN_RULES[name], notes=notes, **timing)
 
 
 def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
@@ -758,11 +818,11 @@ def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, 
                         chunks: int | None = None) -> tuple[int, ...]:
     """Chunk counts for chains (:func:`chain_paths`), or none: they are offered where some GPUs carry no rail
     (2 x dgx2 1 GB: Reduce 93.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed Latin
-    squares; Broadcast 96.3% against 93.3%; 2 x dgx-h100, a NIC per GPU: Reduce 81.3% against 98.7%), and only as
+    squares; Broadcast 98.2% against 93.3%; 2 x dgx-h100, a NIC per GPU: Reduce 81.3% against 98.7%), and only as
     long pipelines: the fewest chunks for which the chain's fill and drain (round both nodes, and one crossing)
     cost at most :data:`CHAIN_FILL_SHARE` of the rails' time (the user's ``chunks``: that count). Half of them
-    simulated slower everywhere measured (2 x dgx2 64 MB: Broadcast 92.7% against 95.3%, Reduce 91.1% against 94.2%)
-    and, Broadcast's plans being pessimistic, its file was written first and the better one skipped."""
+    simulated slower everywhere measured (2 x dgx2 64 MB: Broadcast 95.2% against 97.0%, Reduce 91.1% against
+    94.2%; 1 GB: Broadcast 96.3% against 98.2%)."""
     root = root or 0
     g = topology.gpus_per_node
     paths = chain_paths(topology, collective, g, root)     # a chunk on every rail
@@ -804,8 +864,12 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         # where chains are offered the trees lost everywhere measured (2 x dgx2 Reduce 64 MB: chains 94.2% of the
         # limit simulated, trees at most 90.0%; 1 GB: 93.4% against 79.6%), so they are not composed (a user's
         # chunk count gets both)
+        # Reduce's chains timed both ways (each port in order, or as the fused lowering runs them): neither plan is
+        # the faster file everywhere (2 x dgx2 1 GB: 93.4% of the limit simulated against 95.4%; 64 MB: 94.2%
+        # against 92.1%)
         chained = chain_chunk_options(topology, name, size_bytes, root, chunks)
-        plans = [(c, "sequence", 1.0, "chain") for c in chained]
+        plans = [(c, "sequence", 1.0, design) for c in chained
+                 for design in (CHAIN_DESIGNS if name == "reduce" else CHAIN_DESIGNS[:1])]
         if chunks or not chained:
             plans += [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
                                                               chunk_options(topology, name, size_bytes, root, target))]

@@ -255,8 +255,8 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
                 f"finish a file ran out {what}, and no plan was verified; nothing is written. Raise --time-limit "
                 f"(at {request.topology.num_ranks} GPUs, writing and checking one plan can take minutes)") from None
         time_limited = True
-        progress(f"  time limit and grace passed {'while writing ' + writing[0].label if writing else ''}: the "
-                 "best file verified so far is the answer")
+        where = f" while writing {writing[0].label}" if writing else ""
+        progress(f"  time limit and grace passed{where}: the best file verified so far is the answer")
 
     if not any(eligible(w) for w in written):
         if broken:
