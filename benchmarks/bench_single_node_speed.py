@@ -4,7 +4,10 @@
 Each case runs the real command as a fresh process (``python -m synth solve ... --json``) and reports:
 
 - ``cpu_s``: the process's user + system CPU time (from ``wait4``'s resource usage). The machine this runs on is
-  usually shared, so this is the fairer figure: other work stretches the wall time, not the CPU time;
+  usually shared, so this is the fairer figure: other work stretches the wall time far more than the CPU time
+  (though on 2 busy cores the same run's CPU time still varied by a quarter). With ``PYTHONDONTWRITEBYTECODE`` set,
+  as on the project's build machine, every run also compiles the 16,500 lines of the project's modules it imports
+  (about 0.3 s of it), which an installed or cached copy does not;
 - ``wall_s``: its wall time;
 - ``pct_limit`` and ``method``: the ``--json`` report's ``percent_of_limit`` and winning candidate.
 

@@ -339,6 +339,7 @@ class PlannedOps:
         # lowerings measured that did not fit, without their programs (:func:`backends.msccl.fit.fit_lowering`:
         # a search for merged steps tries the unmerged lowerings of the search before it again)
         self.misses: dict[tuple, object] = {}
+        self._spread: tuple[tuple, dict | None] | None = None
 
     @functools.cached_property
     def _index(self) -> _TransferIndex:
@@ -348,6 +349,19 @@ class PlannedOps:
     def layout(self) -> BufferLayout:
         """The schedule's :func:`~synth.schedule.ir.buffer_layout`."""
         return self._index.layout
+
+    @functools.cached_property
+    def buckets(self) -> dict[tuple[int, int], int]:
+        """:func:`_peer_buckets` of the schedule."""
+        return _peer_buckets(self.schedule)
+
+    def spread(self, channels: int, group: int, steps_per_tb: int, balance: bool) -> dict | None:
+        """:func:`_channels_of` the schedule; the last one asked for is kept (the fused and the plain lowering of a
+        fit search cut the schedule alike; one at a time: at 1024 GPUs each holds millions of transfers)."""
+        key = (channels, group, steps_per_tb, balance)
+        if self._spread is None or self._spread[0] != key:
+            self._spread = (key, _channels_of(self.schedule, self.buckets, channels, group, steps_per_tb, balance))
+        return self._spread[1]
 
     @functools.cached_property
     def send_order(self) -> list[Transfer] | None:
@@ -449,9 +463,8 @@ def _lower(schedule: Schedule, topology, size_bytes, target: str, proto: str, na
     spread = _in_flight_spread(schedule, channels, RUNTIME_FIFO_DEPTH.get(proto, DEFAULT_RUNTIME_FIFO_DEPTH),
                                topology, max_steps(target)) if in_flight and not fuse and group <= 1 else None
     if spread is None:
-        buckets = _peer_buckets(schedule)
-        spread = None if channels <= 1 and not buckets else _spread_over_channels(schedule, channels, group, buckets,
-                                                                                  max_steps(target), balance)
+        spread = planned.spread(channels, group, max_steps(target), balance) if planned is not None else \
+            _channels_of(schedule, _peer_buckets(schedule), channels, group, max_steps(target), balance)
     send_order = planned.send_order if planned is not None else _send_order(schedule)
     unfused = []       # ops unfused per round
     for _ in range(UNFUSE_ROUNDS):
@@ -573,6 +586,14 @@ def _order_connections(ops: list[_Op]) -> None:
         previous[pair] = op
         if before is not None and before.tb_key != op.tb_key and op.recv is None and not op.deps:
             op.deps = (before,)
+
+
+def _channels_of(schedule: Schedule, buckets: dict, channels: int, group: int, steps_per_tb: int,
+                 balance: bool) -> dict | None:
+    """The channel of every transfer (:func:`_spread_over_channels`), None where all go on one."""
+    if channels <= 1 and not buckets:
+        return None
+    return _spread_over_channels(schedule, channels, group, buckets, steps_per_tb, balance)
 
 
 def _spread_over_channels(schedule: Schedule, channels: int, group: int = 1,
