@@ -33,3 +33,20 @@ def test_the_reversal_takes_the_duals_time_and_beats_the_reductions_own_baseline
 def test_collectives_without_a_dual_have_no_reversal():
     request = SynthesisRequest(load_topology("ring-4"), "allgather", GB)
     assert reversal_candidate(request) is None
+
+
+def test_an_allreduce_is_that_reducescatter_then_the_allgather_baseline_itself():
+    request = SynthesisRequest(load_topology("dgx2-2node-tecc"), "allreduce", GB)
+    candidate = reversal_candidate(request)
+    schedule = candidate.result.schedule
+    assert schedule.collective.name == "allreduce"
+    forward = request.baselines_for("allgather", request.topology).best(runnable_only=True)
+    mirrored = request.baselines_for("allgather", reverse_topology(request.topology))
+    mirror = next(r for r in mirrored.runs if (r.name, r.chunks_per_way) == (forward.name, forward.chunks_per_way))
+    assert candidate.label == f"reversal/{forward.name}/c{forward.chunks_per_way}"
+    # the reductions first (every reduce before every copy), then the Allgather's copies, in their two times
+    ops = [t.op for t in schedule.ordered()]
+    assert ops == sorted(ops, key=lambda op: op != "reduce")
+    # (one latency may overlap at the seam)
+    assert candidate.report.time_us == pytest.approx(mirror.report.time_us + forward.report.time_us, rel=1e-4)
+    assert candidate.report.time_us < request.baselines.best(runnable_only=True).report.time_us

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from synth.errors import BackendError, InfeasibleError, InputError, NoSolutionError
+from synth.errors import BackendError, InfeasibleError, InputError, NoSolutionError, VerificationError
 from synth.model.collectives import make_collective
 from synth.model.symmetry import free_symmetry_group
 from synth.schedule.replay import ReplayReport, verify
@@ -232,24 +232,42 @@ def rooted_candidates(request: SynthesisRequest, progress: Progress = _quiet) ->
 def reversal_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
     """A reduction (ReduceScatter, Reduce) as the time-reversal of the fastest runnable baseline of its dual
     (Allgather, Broadcast) on the reversed machine (:func:`synth.schedule.transforms.reverse_schedule`): partial
-    sums travel the dual's routes backwards in its order, so it takes the dual's time. Where links are one-way or
-    unequal the reductions' own baselines are not their duals' mirror images (TE-CCL's two DGX-2 nodes: the
-    hierarchical Allgather at 98.4% of the limit, simulated, the hierarchical ReduceScatter 68.8%, and every search
-    below 80%). None when the collective has no dual or no dual baseline applies."""
+    sums travel the dual's routes backwards in its order, so it takes the dual's time; an Allreduce as that
+    ReduceScatter followed by the fastest Allgather baseline itself. Where links are one-way or unequal the
+    reductions' own baselines are not their duals' mirror images (TE-CCL's two DGX-2 nodes: the hierarchical
+    Allgather at 98.4% of the limit, simulated, the hierarchical ReduceScatter 68.8%, and every search below 80%).
+    None when the collective has no dual, no dual baseline applies, or (Allreduce) the reversed machine has no
+    runnable mirror of the Allgather's baseline."""
     from synth.model.topology import reverse_topology
-    from synth.schedule.transforms import REVERSAL_DUAL, reverse_schedule
+    from synth.schedule.transforms import REVERSAL_DUAL, concatenate_schedules, reverse_schedule
 
-    dual = REVERSAL_DUAL.get(request.collective)
+    name, topology, n = request.collective, request.topology, request.topology.num_ranks
+    reduction = "reducescatter" if name == "allreduce" else name
+    dual = REVERSAL_DUAL.get(reduction)
     if dual is None:
         return None
     try:
-        run = request.baselines_for(dual, reverse_topology(request.topology), progress).best(runnable_only=True)
+        mirrored = request.baselines_for(dual, reverse_topology(topology), progress)
+        if name == "allreduce":
+            forward = request.baselines_for(dual, topology, progress).best(runnable_only=True)
+            run = next((r for r in mirrored.runs if r.runnable and (r.name, r.chunks_per_way) ==
+                        (forward.name, forward.chunks_per_way)), None)
+            if run is None:
+                return None
+        else:
+            run = mirrored.best(runnable_only=True)
     except InputError:
         return None
     chunks = run.schedule.collective.chunks_per_rank
-    schedule = reverse_schedule(run.schedule, make_collective(request.collective, request.topology.num_ranks,
-                                                              chunks, request.root), request.topology.name)
-    report = verify(schedule, request.topology, request.size_bytes)
+    schedule = reverse_schedule(run.schedule, make_collective(reduction, n, chunks, request.root), topology.name)
+    if name == "allreduce":
+        schedule = concatenate_schedules([schedule, forward.schedule], make_collective(name, n, chunks),
+                                         topology.name)
+    try:
+        report = verify(schedule, topology, request.size_bytes)
+    except VerificationError as exc:    # a bug of the transforms: the other candidates still compete
+        progress(f"  reversal of the {dual} baseline {run.name} failed its replay (please report): {exc}")
+        return None
     progress(f"  reversal of the {dual} baseline {run.name}: {report.time_us:.2f} us")
     result = SynthesisResult(schedule, Status.FEASIBLE, 0.0, None, 1, schedule.steps, schedule.rounds, chunks)
     return Candidate(f"reversal/{run.name}/c{run.chunks_per_way}", result, report)
