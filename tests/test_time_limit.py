@@ -296,17 +296,19 @@ def test_cli_out_of_time_before_any_plan_exits_3_and_writes_nothing(monkeypatch,
     from synth.solver import deadline as deadline_module
     from synth.synthesis import solve as solve_module
 
-    monkeypatch.setattr(deadline_module, "HARD_STOP_GRACE_MIN_S", 0.2)
+    monkeypatch.setattr(deadline_module, "HARD_STOP_GRACE_MIN_S", 0.5)
     monkeypatch.setattr(solve_module, "emit_verified_xml", lambda *args, **kwargs: time.sleep(30))
     out = tmp_path / "ag.xml"
     started = time.monotonic()
-    r = CliRunner().invoke(main, ["solve", "allgather", "--topology", "ring-4", "--time-limit", "0.3", "-o",
+    # the search keeps 0.5 s of the 2 s for writing (it stops by itself), so the stop comes while writing even
+    # on a loaded machine
+    r = CliRunner().invoke(main, ["solve", "allgather", "--topology", "ring-4", "--time-limit", "2", "-o",
                                   str(out)])
     assert r.exit_code == 3, r.output
-    assert time.monotonic() - started < 10.0
+    assert time.monotonic() - started < 12.0
     assert not out.exists()
     last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("Error: the 0.3 s time limit and 0.2 s of grace to finish a file ran out while writing ")
+    assert last.startswith("Error: the 2 s time limit and 0.5 s of grace to finish a file ran out while writing ")
 
 
 def test_the_hard_stop_leaves_a_callers_sooner_timer_alone_and_rearms_a_later_one():
