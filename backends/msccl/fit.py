@@ -126,6 +126,18 @@ def lower_fitted(schedule: Schedule, topology: Topology, target: str, lowering: 
     return merge_contiguous(program, lowering.max_cnt, lowering.strict_merge)
 
 
+def lowered_fit(schedule: Schedule, topology: Topology, target: str, lowering: Lowering,
+                tb_budget: int | None = None, **program_options) -> Fit:
+    """``schedule`` lowered as ``lowering`` says (:func:`lower_fitted`) and measured against ``target`` and the
+    topology's SMs (:func:`measure`); a lowering stopped for its threadblocks (``tb_budget``) is a miss that says
+    so."""
+    sms = topology.sms_per_gpu
+    program = lower_fitted(schedule, topology, target, lowering, tb_budget=tb_budget, **program_options)
+    if isinstance(program, OverBudget):
+        return _over_budget(program, lowering, sms)
+    return measure(program, lowering, target, sms)
+
+
 def _over_budget(over: OverBudget, lowering: Lowering, sms: int) -> Fit:
     """The fit of a lowering stopped for its threadblocks: the verdict's own words for the SM limit."""
     gpu = Gpu(over.gpu, 0, 0, 0, tuple(Threadblock(k, -1, -1, 0, ()) for k in range(over.threadblocks)))
@@ -197,10 +209,8 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
         if fit is None:
             before = set(planned.programs) if planned is not None else set()
             # a fused lowering stops once it has more threadblocks than SMs: steps and dependencies are not written
-            program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms if fuse else None,
-                                   **program_options)
-            fit = _over_budget(program, lowering, sms) if isinstance(program, OverBudget) else measure(
-                program, lowering, target, sms)
+            fit = lowered_fit(schedule, topology, target, lowering, tb_budget=sms if fuse else None,
+                              **program_options)
             if fit.fits:
                 return fit
             if planned is not None:
@@ -269,8 +279,7 @@ def whole_message_fit(schedule: Schedule, topology: Topology, target: str, fuse:
     if len(schedule.transfers) > WIDEN_MAX_STEPS or not has_multi_chunk_messages(schedule):
         return None
     lowering = Lowering(fuse, 1, MAX_CNT, per_message=True)
-    fit = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
-                  topology.sms_per_gpu)
+    fit = lowered_fit(schedule, topology, target, lowering, **program_options)
     return fit if fit.fits else None
 
 
@@ -286,8 +295,7 @@ def iter_wider_fits(schedule: Schedule, topology: Topology, target: str, fit: Fi
     """The wider spreads of :func:`wider_fits` (without ``fit`` itself), lowered only when asked for."""
     for channels in wider_channels(topology, fit):
         lowering = replace(fit.lowering, channels=channels)
-        wider = measure(lower_fitted(schedule, topology, target, lowering, **program_options), lowering, target,
-                        topology.sms_per_gpu)
+        wider = lowered_fit(schedule, topology, target, lowering, **program_options)
         if wider.fits:
             yield wider
 
@@ -302,14 +310,12 @@ def measured_wider_fits(schedule: Schedule, topology: Topology, target: str, fit
     16 x dgx-h100's PXN Alltoall takes 45 threadblocks on one channel, 59 on 2 and 117 on 4, where a connection's
     16 messages are finally in flight past the runtime's two-message FIFO (1 MB: 104.9 us on one channel, 22.2 on
     four, as planned). The writer asks for these only where the file is far behind its plan."""
-    sms = topology.sms_per_gpu
     channels = fit.lowering.channels * 2
     while channels <= _mode_channels(fit.lowering.fuse):
         lowering = replace(fit.lowering, channels=channels, balanced=fit.lowering.balanced or fit.lowering.max_cnt == 1)
-        program = lower_fitted(schedule, topology, target, lowering, tb_budget=sms, **program_options)
-        if isinstance(program, OverBudget):
+        wider = lowered_fit(schedule, topology, target, lowering, tb_budget=topology.sms_per_gpu, **program_options)
+        if wider.program is None:     # stopped for its threadblocks: more channels only add some
             return
-        wider = measure(program, lowering, target, sms)
         if wider.fits:
             yield wider
         channels *= 2

@@ -837,13 +837,6 @@ class _PeerSlots:
     sent_from: dict
     received_into: dict
 
-    def fields(self, op: _Op) -> tuple[tuple[str, int], tuple[str, int]]:
-        if op.kind == "s":
-            return op.src, self.received_into.get(id(op.send), op.dst)
-        if op.kind == "r":
-            return self.sent_from.get(id(op.recv), op.src), op.dst
-        return op.src, op.dst
-
 
 def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=None, inplace: int = 1,
               per_message: bool = False, in_link_order: bool = False) -> Gpu:
@@ -891,7 +884,7 @@ def _emit_gpu(plan: _RankPlan, scratch: int, coll, peers: _PeerSlots, topology=N
                 depid, deps = tb_of[id(last)], index_of[id(last)]
             else:
                 depid, deps = -1, -1
-            kind = op.kind
+            kind = op.kind     # a plain send names the receiver's slot, a plain receive the sender's (_PeerSlots)
             if kind == "s":
                 (sb, so), (db, do) = op.src, received_into.get(id(op.send), op.dst)
             elif kind == "r":

@@ -39,7 +39,7 @@ from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_AL
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT, MAX_XML_CHILDREN
 from backends.msccl.fit import (Fit, Lowering, all_in_flight_channels, fit_lowering, has_multi_chunk_messages, hopeless,
-                               in_flight_channels, iter_wider_fits, lower_fitted, measure, measured_wider_fits,
+                               in_flight_channels, iter_wider_fits, lowered_fit, measured_wider_fits,
                                unmerged_too_long, whole_message_fit, wider_channels)
 from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
@@ -226,8 +226,7 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
         for lowering in (replace(plain.lowering, channels=channels) if channels is not None else None, in_flight):
             if lowering is None:
                 continue
-            wide = measure(lower_fitted(schedule, topology, target, lowering, **options), lowering, target,
-                           topology.sms_per_gpu)
+            wide = lowered_fit(schedule, topology, target, lowering, **options)
             if wide.fits:
                 yield wide, merged_may_come + whole
     else:
@@ -267,8 +266,7 @@ def _in_link_order(schedule: Schedule, topology: Topology, target: str, timed: l
     if best_us is None or best_us <= plan_us * (1 + BEHIND_PLAN) or lowering.per_message or lowering.in_link_order:
         return None
     lowering = replace(lowering, in_link_order=True)
-    fit = measure(lower_fitted(schedule, topology, target, lowering, **options), lowering, target,
-                  topology.sms_per_gpu)
+    fit = lowered_fit(schedule, topology, target, lowering, **options)
     return fit if fit.fits else None
 
 
