@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from xml.sax import SAXParseException
 from xml.sax.handler import ContentHandler
 
@@ -248,15 +249,15 @@ class _Reader(DefusedExpatParser):
         handler.expat = parser
 
 
-@dataclass
-class _Frame:
-    """An open element while parsing. ``children`` collects the finished children of algo/gpu/tb."""
+class _Frame(NamedTuple):
+    """An open element while parsing (a NamedTuple: one is made per step, a dataclass with factories costs three
+    times as much). ``attrs`` and ``children`` (the finished children) are those of algo/gpu/tb, None else."""
 
     tag: str
     kind: str                      # root, algo, gpu, tb, step, unknown
     line: int
-    attrs: dict = field(default_factory=dict)
-    children: list = field(default_factory=list)
+    attrs: dict | None = None
+    children: list | None = None
 
 
 class _Handler(ContentHandler):
@@ -308,10 +309,20 @@ class _Handler(ContentHandler):
     # --- SAX events ---------------------------------------------------------------------------------------
     def startElement(self, name, attrs):
         line = self.line()
-        if not self._stack:
-            self._stack.append(_Frame(name, "root", line))
+        stack = self._stack
+        if name == "step" and stack and stack[-1].kind == "tb":
+            # most elements: built straight into a Step, no attribute dict kept
+            step = self._plain_step(attrs, line) or self._attributes(name, attrs, line)
+            self._steps += 1
+            if self._steps > self.max_steps:
+                self._too_many_steps()
+            stack[-1].children.append(step)
+            stack.append(_Frame(name, name, line))
             return
-        parent = self._stack[-1]
+        if not stack:
+            stack.append(_Frame(name, "root", line))
+            return
+        parent = stack[-1]
         if parent.kind == "unknown" or name not in _PARENT:
             if name in _PARENT:
                 self._fail(f"<{name}> is inside <{parent.tag}> (line {parent.line}), which is not MSCCL")
@@ -323,14 +334,8 @@ class _Handler(ContentHandler):
             where = "at top level" if parent.kind == "root" else f"inside <{parent.tag}> (line {parent.line})"
             wanted = "at top level" if _PARENT[name] == "root" else f"inside <{_PARENT[name]}>"
             self._fail(f"<{name}> must be {wanted}, not {where}")
-        if name == "step":   # most elements: built straight into a Step, no attribute dict kept
-            step = self._plain_step(attrs, line) or self._attributes(name, attrs, line)
-            self._count_step()
-            parent.children.append(step)
-            self._stack.append(_Frame(name, name, line))
-            return
         values = self._attributes(name, attrs, line)
-        self._stack.append(_Frame(name, name, line, values))
+        self._stack.append(_Frame(name, name, line, values, []))
 
     def endElement(self, name):
         frame = self._stack.pop()
@@ -437,12 +442,10 @@ class _Handler(ContentHandler):
         except KeyError:
             return None
 
-    def _count_step(self) -> None:
-        self._steps += 1
-        if self._steps > self.max_steps:
-            self._fail(f"more than {self.max_steps} steps in one file" + (
-                "" if self.max_steps < MAX_STEPS else f": no MSCCL runtime loads that many (a rank's load holds "
-                f"{MAX_XML_ELEMENTS} XML elements, an <algo> {MAX_XML_CHILDREN} GPUs)"))
+    def _too_many_steps(self) -> None:
+        self._fail(f"more than {self.max_steps} steps in one file" + (
+            "" if self.max_steps < MAX_STEPS else f": no MSCCL runtime loads that many (a rank's load holds "
+            f"{MAX_XML_ELEMENTS} XML elements, an <algo> {MAX_XML_CHILDREN} GPUs)"))
 
     @staticmethod
     def _program(frame: _Frame) -> MscclProgram:
