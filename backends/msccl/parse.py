@@ -187,6 +187,8 @@ def parse_msccl_document(text: str, source: str, bounds: ParseBounds = ParseBoun
         raise _syntax_error(source, body, exc, handler) from None
     except DefusedXmlException:
         raise XmlError(source, handler.line(), "DTDs and entities are refused (untrusted input)") from None
+    finally:    # the expat parser holds the handler's methods: no cycle back, or it keeps every step alive
+        handler.expat = None
     if not handler.programs:
         raise XmlError(source, 1, "no <algo> element found; this is not an MSCCL algorithm file")
     return MscclDocument(source, tuple(handler.programs), tuple(handler.notes()))
@@ -276,7 +278,6 @@ class _Handler(ContentHandler):
         self._ints: dict[str, int] = {}   # attribute text already matched as an integer -> its value
         # ... and those that a step accepted whose value fits every integer attribute of a step
         self._step_ints: dict[str, int] = {}
-        self._converters = {"algo": self._algo_values, "gpu": self._gpu_values, "tb": self._tb_values}
         self.expat = None     # the expat parser reading the text (:class:`_Reader`), for line numbers
 
     # --- position and notes -------------------------------------------------------------------------------
@@ -365,7 +366,7 @@ class _Handler(ContentHandler):
             self._fail(f"<{tag}> lacks required attribute{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
         if tag == "step":
             return self._step_values(tag, raw, line)
-        return self._converters[tag](tag, raw)
+        return _CONVERTERS[tag](self, tag, raw)
 
     def _int(self, tag: str, raw: dict, attr: str, low: int = INT32_MIN, high: int = INT32_MAX) -> int:
         text = raw[attr]
@@ -453,6 +454,11 @@ class _Handler(ContentHandler):
         return MscclProgram(a["name"], a["proto"], a["nchannels"], a["nchunksperloop"], a["ngpus"], a["coll"],
                             a["inplace"], a["outofplace"], a["minBytes"], a["maxBytes"], tuple(frame.children),
                             frame.line)
+
+
+# How each element's attributes are checked and converted (functions of the class, not bound methods kept on the
+# handler: those would hold it in a reference cycle, and the parsed program with it until a full collection).
+_CONVERTERS = {"algo": _Handler._algo_values, "gpu": _Handler._gpu_values, "tb": _Handler._tb_values}
 
 
 def _show(value: str, limit: int = 40) -> str:
