@@ -205,6 +205,7 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
     nlinks = len(topology.links)
     cap = [l.capacity_GBps for l in topology.links]
     clock = LinkClock(topology)
+    port_free = clock.port_free
     link_ports = [l.ports for l in topology.links]
     port_bw = topology.port_capacity()
     inter = [topology.node_of(l.src) != topology.node_of(l.dst) for l in topology.links]
@@ -253,9 +254,12 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
 
         ``arrived`` holds transfers ready by ``arrived_at[li]``; when that is later than the link's free time
         they are put back, so a transfer that becomes ready earlier is never overtaken."""
-        free = max(clock.link_free[li], fifo.room_us(li))
+        # (two-value maxima spelled out in the loops: the builtin's call costs eight times the comparison)
+        free, room = clock.link_free[li], fifo.room_us(li)
+        free = room if room > free else free
         for p in link_ports[li]:
-            free = max(free, clock.port_free.get(p, 0.0))
+            held = port_free.get(p, 0.0)
+            free = held if held > free else free
         fut, arr = future[li], arrived[li]
         if arr and arrived_at[li] > free + _EPS:
             for item in arr:
@@ -304,14 +308,16 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
             heapq.heappush(heap, fresh + (li, version[li]))
             continue
         i = heapq.heappop(arrived[li])[-1]
-        res = clock.reserve(li, max(ready[i], fifo.room_us(li)), nbytes)
+        room = fifo.room_us(li)
+        res = clock.reserve(li, room if room > ready[i] else ready[i], nbytes)
         start[i], end[i] = res.start_us, res.arrival_us
         usable = fifo.take(li, (dst_of[li], chunk_of[i]) if op == REDUCE else None, res.arrival_us)
         booked_order.append(i)
         for k, b in res_of_link[li]:
             remaining[k] -= b
         for k in children[i]:
-            ready[k] = max(ready[k], usable)
+            if usable > ready[k]:
+                ready[k] = usable
             unmet[k] -= 1
             if not unmet[k]:
                 heapq.heappush(future[link_of[k]], (ready[k],) + prio(k))
@@ -456,12 +462,15 @@ def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, o
         usable = fifo.take(conn[i], (links[li].dst, chunk_of[i]) if reduces[i] else None, res.arrival_us)
         booked.append(i)
         for k in children[i]:
-            ready[k] = max(ready[k], usable)
+            if usable > ready[k]:
+                ready[k] = usable
             unmet[k] -= 1
             if not unmet[k]:
                 push(k)
+        busy_until = res.busy_until_us
         for k in after[i]:
-            free[k] = max(free[k], res.busy_until_us)
+            if busy_until > free[k]:
+                free[k] = busy_until
             unmet[k] -= 1
             if not unmet[k]:
                 push(k)
@@ -523,9 +532,11 @@ class _Fifos:
         if self.depth is None:
             return arrival_us
         taken = self.taken[li]
-        at = max(arrival_us, taken[-1] if taken else 0.0)
+        previous = taken[-1] if taken else 0.0
+        at = previous if previous > arrival_us else arrival_us
         if reduces_into is not None:
-            at = max(at, self.reduced.get(reduces_into, 0.0))
+            reduced = self.reduced.get(reduces_into, 0.0)
+            at = reduced if reduced > at else at
             self.reduced[reduces_into] = at
         taken.append(at)
         return at
