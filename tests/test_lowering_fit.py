@@ -112,6 +112,20 @@ def test_a_connection_longer_than_a_threadblock_is_written_spread_or_merged():
     assert emitted.simulated_us <= simulate_program(unmerged, topology, 1 << 20).time_us * 1.01
 
 
+def test_a_chain_of_2048_chunks_relays_fused_on_all_32_channels_of_64_steps():
+    """32 channels x 64 steps hold a relay's 2048 forwards exactly: channel 0 takes a set of chains too (before, the
+    fused chains left it to plain steps, and 2048 chunks merged in pairs); each relay forwards with ``rcs``."""
+    schedule = chain_broadcast(2048)
+    fit = fit_lowering(schedule, load_topology("ring-4"), "executor")
+    assert fit.fits and fit.lowering == Lowering(True, 32, 1, balanced=True)
+    program = fit.program
+    assert program.nchannels == 32 and fit.steps_per_tb == 64
+    for relay in program.gpus[1:3]:
+        assert sorted(tb.chan for tb in relay.tbs) == list(range(32))
+        assert all(len(tb.steps) == 64 and {st.type for st in tb.steps} == {"rcs"} for tb in relay.tbs)
+    assert check_program(program, "executor").valid
+
+
 def test_fit_prefers_channels_and_merges_only_when_the_sms_run_out():
     schedule = chain_broadcast(200)
     few_sms = replace(load_topology("ring-4"), sms_per_gpu=2)

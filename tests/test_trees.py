@@ -99,6 +99,24 @@ def test_packings_finer_than_the_runtimes_xml_reader_holds_are_not_made():
         synthesize_trees(topo, "broadcast", GB, chunks=2048)
 
 
+def test_chains_count_their_elements_as_the_fused_lowering_writes_them():
+    """A relay of 2048 chunks down a chain needs 4096 plain steps, more than the reader holds, and 2048 ``rcs`` steps
+    fused (32 channels of 64: tests/test_lowering_fit.py); a tree that branches keeps the plain count."""
+    from backends.msccl.limits import MAX_XML_ELEMENTS
+    from synth.model.collectives import make_collective
+    from synth.schedule.ir import Schedule, Transfer
+    from synth.synthesis.trees import rank_elements
+    chunks = 2048
+    chain = tuple(Transfer(c, r, r + 1, step=c + r) for c in range(chunks) for r in range(3))
+    coll = make_collective("broadcast", 4, chunks, 0)
+    assert rank_elements(Schedule(coll, "ring-4", chain, chunks + 2)) == 1 + 4 + 32 + chunks
+    # rank 1 forwards every chunk to 2 and 3: no chain, a step per message end
+    tree = tuple(Transfer(c, 1, dst, step=c + 1) for c in range(chunks) for dst in (2, 3))
+    tree += tuple(Transfer(c, 0, 1, step=c) for c in range(chunks))
+    assert rank_elements(Schedule(coll, "fully-connected-4", tree, chunks + 1)) == 1 + 4 + 2 + 3 * chunks
+    assert 3 * chunks > MAX_XML_ELEMENTS
+
+
 @pytest.mark.parametrize("name", ["allgather", "reducescatter", "allreduce", "broadcast", "reduce", "gather",
                                   "scatter"])
 def test_schedules_replay_and_track_the_packing(name):

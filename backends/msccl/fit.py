@@ -193,7 +193,7 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
     program_options.setdefault("planned", PlannedOps(schedule))    # every trial lowers the same ops
     # a connection's messages need at least this many channels of ``limit`` steps (unmerged): start there
     longest = _longest_connection(schedule)
-    channels, max_cnt = max(1, min(_mode_channels(fuse), ceil(longest / limit))), 1
+    channels, max_cnt = max(1, min(MAX_CHANNELS, ceil(longest / limit))), 1
     best: Fit | None = None
     planned = program_options["planned"]
     lowered: dict[int, list] = {}    # id(fit) -> the memo keys its trial added (forgotten when it is no longer best)
@@ -233,7 +233,7 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
             max_cnt = min(most_cnt, max_cnt + max(1, max_cnt // 2))
             continue
         over = max(fit.steps_per_tb / limit, crowding)
-        most = _most_channels(fit, channels, sms, fuse)
+        most = _most_channels(fit, channels, sms)
         wanted = max(channels + 1, ceil(channels * over))
         if wanted <= most:
             channels = wanted
@@ -241,7 +241,7 @@ def fit_lowering(schedule: Schedule, topology: Topology, target: str = "executor
             # the steps shrink about as 1/channels (at 1024 GPUs 182 steps on 2 channels, 71 on 5, 62 on 6), so
             # ``most`` would miss too; and it is a low estimate (threadblocks grow less than linearly: 49 on 2
             # channels, 110 on 6): try what the steps want, and the SM rule of the next lowering says if it fits
-            channels = min(wanted, _mode_channels(fuse))
+            channels = min(wanted, MAX_CHANNELS)
         elif channels < most:
             channels = most          # every channel the SMs allow before any merging (merging costs pipelining)
         elif max_cnt < most_cnt:
@@ -311,7 +311,7 @@ def measured_wider_fits(schedule: Schedule, topology: Topology, target: str, fit
     16 messages are finally in flight past the runtime's two-message FIFO (1 MB: 104.9 us on one channel, 22.2 on
     four, as planned). The writer asks for these only where the file is far behind its plan."""
     channels = fit.lowering.channels * 2
-    while channels <= _mode_channels(fit.lowering.fuse):
+    while channels <= MAX_CHANNELS:
         lowering = replace(fit.lowering, channels=channels, balanced=fit.lowering.balanced or fit.lowering.max_cnt == 1)
         wider = lowered_fit(schedule, topology, target, lowering, tb_budget=topology.sms_per_gpu, **program_options)
         if wider.program is None:     # stopped for its threadblocks: more channels only add some
@@ -346,15 +346,15 @@ def wider_channels(topology: Topology, fit: Fit) -> tuple[int, ...]:
     total = fit.program.num_steps
     if total > WIDEN_MAX_STEPS:
         return ()
-    most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu, fit.lowering.fuse)
+    most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu)
     return tuple(c for c in (fit.lowering.channels * factor for factor in (2, 4, 8)) if c <= most)
 
 
-def unmerged_too_long(schedule: Schedule, target: str, fuse: bool) -> bool:
+def unmerged_too_long(schedule: Schedule, target: str) -> bool:
     """Whether the connection with the most messages needs more channels of the target's steps per threadblock
-    than the lowering mode has (:func:`_mode_channels`): then only merged steps can fit, and
-    :func:`fit_lowering` without merging (``most_cnt=1``) would lower the schedule just to say so."""
-    return ceil(_longest_connection(schedule) / max_steps(target)) > _mode_channels(fuse)
+    than the runtime has: then only merged steps can fit, and :func:`fit_lowering` without merging
+    (``most_cnt=1``) would lower the schedule just to say so."""
+    return ceil(_longest_connection(schedule) / max_steps(target)) > MAX_CHANNELS
 
 
 def _longest_connection(schedule: Schedule) -> int:
@@ -362,14 +362,9 @@ def _longest_connection(schedule: Schedule) -> int:
     return max(Counter((t.src, t.dst) for t in schedule.transfers).values(), default=0)
 
 
-def _mode_channels(fuse: bool) -> int:
-    """The channels a lowering mode may use: fused chains leave channel 0 to plain steps."""
-    return MAX_CHANNELS - 1 if fuse else MAX_CHANNELS
-
-
-def _most_channels(fit: Fit, channels: int, sms: int | None, fuse: bool) -> int:
+def _most_channels(fit: Fit, channels: int, sms: int | None) -> int:
     """Channels the threadblock count allows, from the count at ``channels`` (threadblocks grow about linearly)."""
-    most = _mode_channels(fuse)
+    most = MAX_CHANNELS
     per_channel = fit.tbs_per_gpu / channels
     if sms is not None:
         most = min(most, max(1, int(sms / per_channel)))

@@ -232,10 +232,13 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
         visited.update(in_chain)
         chains.append(chain)
     replica_of_channel: dict[int, int] = {}
+    # channel 0 carries plain steps, and chains only where every channel is asked for (one set per channel:
+    # a relay of 2048 chunks fused is 32 channels of 64 steps)
+    chain_channels = range(0 if replicas >= MAX_CHANNELS else 1, MAX_CHANNELS)
     for chain in chains:
         replica = spread_index(chain[0].recv.chunk, replicas, group)
         ends = [(op.recv.dst, op.recv.src, op.send.dst) for op in chain]    # (rank, in peer, out peer)
-        for ch in range(1, MAX_CHANNELS):
+        for ch in chain_channels:
             if replica_of_channel.setdefault(ch, replica) != replica:
                 continue
             if all(partner_of_in.get((r, ch, u), w) == w and partner_of_out.get((r, ch, w), u) == u
@@ -269,12 +272,12 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
                 ch = on_fused.get(id(recv))
                 if ch is None:
                     ch = spread.get(id(recv), 0)
-                op.tb_key = (ch, recv.src, partner_of_in.get((r, ch, recv.src), -1) if ch else -1)
+                op.tb_key = (ch, recv.src, partner_of_in.get((r, ch, recv.src), -1))
             elif send is not None:
                 ch = on_fused.get(id(send))
                 if ch is None:
                     ch = spread.get(id(send), 0)
-                op.tb_key = (ch, partner_of_out.get((r, ch, send.dst), -1) if ch else -1, send.dst)
+                op.tb_key = (ch, partner_of_out.get((r, ch, send.dst), -1), send.dst)
             else:   # a local copy
                 op.tb_key = (0, -1, -1)
     return unplaced

@@ -208,7 +208,7 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     whole = tuple(Lowering(fuse, 1, MAX_CNT, per_message=True) for fuse in (True, False)
                   ) if whole_messages and has_multi_chunk_messages(schedule) else ()
     fitting = functools.partial(_fitting, schedule, topology, target, progress=progress, **options)
-    unmerged = None if unmerged_too_long(schedule, target, True) else fitting(True, most_cnt=1)
+    unmerged = None if unmerged_too_long(schedule, target) else fitting(True, most_cnt=1)
     if unmerged and unmerged.program is not None:
         _check_name(unmerged.program.name)
     merged_may_come = () if unmerged and unmerged.fits else (Lowering(True, max_cnt=2),)

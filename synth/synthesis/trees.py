@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
+from math import ceil
 
 import numpy as np
 
@@ -198,36 +199,84 @@ def pipeline_chunks(topology: Topology, collective_name: str, size_bytes: float,
     return c
 
 
-def rank_elements(schedule: Schedule) -> int:
-    """The XML elements the busiest rank's load counts (:func:`backends.msccl.limits.xml_elements`) in the plain
-    lowering: a step per message end (a send, a receive), a threadblock per send or receive peer at least.
+def rank_elements(schedule: Schedule, target: str = "executor") -> int:
+    """The XML elements the busiest rank's load counts (:func:`backends.msccl.limits.xml_elements`) in the lowering
+    that needs the fewest: plain, a step per message end (a send, a receive) and a threadblock per send or receive
+    peer at least; or, where every chunk goes down a chain (:func:`_chain_forwards`), fused, one step fewer per
+    chunk a rank forwards (``rcs``, ``rrs``) and a threadblock per ``target``'s steps per threadblock at least.
 
     The runtimes' XML reader holds :data:`~backends.msccl.limits.MAX_XML_ELEMENTS` per rank, so a finer packing
-    cannot load as planned: dgx1 Broadcast 1 GB with 2048 chunks per rank needs some 4,100 steps on a relay, and
-    its files either merged chunks in pairs (96.6% of the limit, simulated; 1024 chunks: 98.3%) or, for Reduce,
-    did not fit at all after a minute of trying. Fused steps (``rcs``) save a step per forward, but their chains
-    break the 64 steps per threadblock there.
+    cannot load as planned: dgx1 Broadcast 1 GB with 2048 chunks per rank needs some 4,100 steps on a relay in the
+    plain lowering, and its files either merged chunks in pairs (96.6% of the limit, simulated; 1024 chunks: 98.3%)
+    or, for Reduce, did not fit at all after a minute of trying; its trees branch, and fused chains of trees break
+    the 64 steps per threadblock there. A chain (dgx2's) fuses into 32 channels of 64 steps per relay: 2048 chunks
+    per rank, 99.3% of the limit against 98.6% with 1024.
 
     >>> from synth.model.collectives import make_collective
     >>> from synth.schedule.ir import Transfer
     >>> ring = Schedule(make_collective("allgather", 3, 1), "ring-3",
     ...                 (Transfer(0, 0, 1, 0), Transfer(0, 1, 2, 1), Transfer(1, 1, 2, 0), Transfer(1, 2, 0, 1),
     ...                  Transfer(2, 2, 0, 0), Transfer(2, 0, 1, 1)), 2)
-    >>> rank_elements(ring)      # the algo, 3 gpus, 1 tb, 2 receives and 2 sends
-    9
+    >>> rank_elements(ring)   # the algo, 3 gpus, 1 tb; a receive-copy-send, a send, a receive (plain: 4 steps)
+    8
     """
-    return _connection_elements(Counter((t.src, t.dst) for t in schedule.transfers), schedule.collective.num_ranks)
+    edges: dict[int, list[tuple[int, int]]] = {}
+    for t in schedule.transfers:
+        edges.setdefault(t.chunk, []).append((t.src, t.dst))
+    routes = Counter(tuple(e) for e in edges.values())
+    return _connection_elements(Counter((t.src, t.dst) for t in schedule.transfers), schedule.collective.num_ranks,
+                                _chain_forwards(routes.items()), STEPS_PER_TB[target])
 
 
-def _connection_elements(per_connection: Counter, num_ranks: int) -> int:
-    """:func:`rank_elements` from the messages per connection ``(src, dst)``."""
+def _chain_forwards(routes) -> Counter | None:
+    """Per rank, the chunks it receives and passes on, where every route (``(edges (src, dst), chunks)`` pairs) is
+    a chain (each rank takes a chunk from one peer and passes it to at most one) and the chains pair a rank's peers
+    alike (a chunk from ``u`` always goes on to ``w``, and a chunk to ``w`` always came from ``u``); None otherwise.
+
+    Then the fused lowering holds them with a ``rcs``/``rrs`` step per forward: its chunks round robin over 32
+    channels (:func:`backends.msccl.lowering.spread_index`), each set on one channel with a threadblock per rank and
+    pair of peers, so a connection of 2048 messages takes 32 threadblocks of 64 steps."""
+    forwards: Counter = Counter()
+    out_of: dict[tuple[int, int], int] = {}     # (rank, in peer) -> out peer
+    in_of: dict[tuple[int, int], int] = {}      # (rank, out peer) -> in peer
+    for edges, count in routes:
+        came_from: dict[int, int] = {}
+        goes_to: dict[int, int] = {}
+        for src, dst in edges:
+            if dst in came_from or src in goes_to:
+                return None
+            came_from[dst] = src
+            goes_to[src] = dst
+        for rank, u in came_from.items():
+            w = goes_to.get(rank)
+            if w is None:
+                continue
+            if out_of.setdefault((rank, u), w) != w or in_of.setdefault((rank, w), u) != u:
+                return None
+            forwards[rank] += count
+    return forwards
+
+
+def _connection_elements(per_connection: Counter, num_ranks: int, forwards: Counter | None = None,
+                         steps_per_tb: int = STEPS_PER_TB["executor"]) -> int:
+    """:func:`rank_elements` from the messages per connection ``(src, dst)`` and the chunks each rank forwards on
+    chains (:func:`_chain_forwards`; None: not chains)."""
     ends, send_peers, receive_peers = Counter(), Counter(), Counter()
     for (src, dst), messages in per_connection.items():
         ends[src] += messages
         ends[dst] += messages
         send_peers[src] += 1
         receive_peers[dst] += 1
-    return max(xml_elements(num_ranks, max(send_peers[r], receive_peers[r]), ends[r]) for r in range(num_ranks))
+
+    def elements(r: int) -> int:
+        plain = xml_elements(num_ranks, max(send_peers[r], receive_peers[r]), ends[r])
+        if forwards is None:
+            return plain
+        steps = ends[r] - forwards[r]
+        return min(plain, xml_elements(num_ranks, max(send_peers[r], receive_peers[r], ceil(steps / steps_per_tb)),
+                                       steps))
+
+    return max(elements(r) for r in range(num_ranks))
 
 
 def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesResult | None:
@@ -260,6 +309,12 @@ class _Packed:
     phase: _Phase
     topology: Topology
     reversed: bool
+
+    def routes(self) -> list[tuple[tuple[tuple[int, int], ...], int]]:
+        """The distinct routes as the schedule's edges ``(src, dst)``, each with its number of chunks."""
+        links = self.topology.links
+        ends = [(l.dst, l.src) if self.reversed else (l.src, l.dst) for l in links]
+        return [(tuple(ends[li] for li in route), count) for route, count in Counter(self.phase.routes).items()]
 
     def connections(self) -> Counter:
         """Messages per connection ``(src, dst)`` of the schedule: one per chunk and link of its route."""
@@ -294,7 +349,8 @@ def _routes_fit(packings: list[_Packed], num_ranks: int, target: str) -> bool:
         per_connection.update(p.connections())
     if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
         return False
-    return _connection_elements(per_connection, num_ranks) <= MAX_XML_ELEMENTS
+    forwards = _chain_forwards(route for p in packings for route in p.routes())
+    return _connection_elements(per_connection, num_ranks, forwards, STEPS_PER_TB[target]) <= MAX_XML_ELEMENTS
 
 
 def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions, packed: dict
