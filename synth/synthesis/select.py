@@ -131,10 +131,12 @@ TREES_AT_LIMIT = 0.02
 def _at_the_limit(request: SynthesisRequest, found: list[Candidate]) -> bool:
     """Whether a runnable tree-packing, Alltoall path or rooted composition candidate replays within
     :data:`TREES_AT_LIMIT` of the physical limit."""
-    from synth.synthesis.rooted import LABEL as ROOTED_LABEL
-
+    labels = (TREES_LABEL, PATHS_LABEL)
+    if _several_nodes(request):     # (no rooted composition on one node)
+        from synth.synthesis.rooted import LABEL as ROOTED_LABEL
+        labels += (ROOTED_LABEL,)
     limit = request.bound.limit_us
-    return any(c.label.startswith((TREES_LABEL, PATHS_LABEL, ROOTED_LABEL))
+    return any(c.label.startswith(labels)
                and c.result.schedule.collective.runs_at_power_of_two_sizes
                and c.report.time_us <= limit * (1 + TREES_AT_LIMIT) for c in found)
 
@@ -175,6 +177,8 @@ def _tree_candidate(request: SynthesisRequest, chunks: int | None, progress: Pro
 def hierarchy_applies(request: SynthesisRequest) -> bool:
     """Whether the hierarchical decomposition covers the request (several nodes joined rail by rail; Broadcast and
     Reduce by the rooted composition, :mod:`synth.synthesis.rooted`)."""
+    if not _several_nodes(request):
+        return False
     from synth.synthesis import rooted
     from synth.synthesis.hierarchy import check_applicable
 
@@ -210,9 +214,17 @@ def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet)
 
 def rooted_applies(request: SynthesisRequest) -> bool:
     """Whether the rooted composition (:mod:`synth.synthesis.rooted`) covers the request."""
+    if not _several_nodes(request):
+        return False
     from synth.synthesis import rooted
 
     return rooted.applies(request.topology, request.collective)
+
+
+def _several_nodes(request: SynthesisRequest) -> bool:
+    """Whether the machine has several nodes, which the compositions (:mod:`synth.synthesis.hierarchy`,
+    :mod:`synth.synthesis.rooted`) need: on one node their modules are not even imported (0.05 s)."""
+    return request.topology.num_nodes >= 2
 
 
 def rooted_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
