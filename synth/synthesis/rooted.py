@@ -32,9 +32,11 @@ collect in each node to its rail, cross, and collect at the root; they are booke
 in long pipelines: each chunk goes round each node's ring, crossing on its rail in between, so every GPU takes a
 chunk (a partial sum) once and passes it on once. A tree's receiver reduces several partial sums of one chunk in
 turn, and at the runtime's FIFO depth that stalled the rails (2 x dgx2 Reduce 1 GB: reversed Latin squares 77.6% of
-the limit simulated, chains 95.4%, timed as their fused lowering runs them). Broadcast's chains cross at once (the rail's sender passes the chunk on across
-and round its node) and are timed as the runtime relays them, as they come (98.2% of the limit, planned and
-simulated).
+the limit simulated). Reduce's partial sums go round the far node to the rail, and in the root's node round one
+ring to the root that each rail's partial sum joins at its entry (98.5% of the limit simulated with 2048 chunks,
+timed as their fused lowering runs them). Broadcast's chains cross at once (the rail's sender passes the chunk on
+across and round its node) and are timed as the runtime relays them, as they come (98.2% of the limit, planned
+and simulated).
 
 Scatter (Gather backwards, on the reversed machine) sends each chunk on a path: straight to the root node's GPUs,
 and to other nodes over the root's own NIC or handed to another rail's sender, in the proportion that makes the
@@ -51,11 +53,11 @@ import itertools
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from backends.msccl.limits import max_steps
+from backends.msccl.limits import MAX_CHANNELS, max_steps
 from synth.bounds.physical import lower_bound
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
@@ -77,6 +79,15 @@ SEARCHED_ALONE = ("broadcast", "reduce")
 # share of the bound; more chunks only add messages.
 PIPELINE_SHARE = 0.01
 MAX_CHUNKS = 1024
+# Chains with more chunks than MAX_CHUNKS, as their fused lowering holds them (a relay's 2048 ``rrs`` steps are 32
+# channels of 64): Reduce's (2 x dgx2 1 GB: 98.5% of the limit simulated with 2048 chunks, 97.1% with 1024). Not
+# Broadcast's: its root sends every chunk after its own copy and in its port's order, two waits a step (a ``nop``
+# each), 4,450 XML elements where the reader holds 4,095. Only where a chunk through a switch port still takes
+# CHAIN_FINER_ALPHAS times a hop's latency: below, every relay adds more latency than the finer pipeline saves (2 x
+# dgx2 Reduce 256 MB: 98.3% with 2048 chunks, 96.8% with 1024; 64 MB, a chunk through a port in 0.27 us against
+# 0.35 us of latency: 93.3% against 95.6%).
+CHAIN_MOST_CHUNKS = {"reduce": 2048}
+CHAIN_FINER_ALPHAS = 2.0
 LATENCY_BOUND_CHUNKS = 16    # Latin squares: chunks kept however small they are (below them latency rules anyway)
 ELEMENT_BYTES = 4
 LABEL = "rooted/"    # the start of every candidate's label
@@ -556,13 +567,14 @@ def chain_paths(topology: Topology, collective: str, chunks: int, root: int) -> 
     """Broadcast or Reduce on two NVSwitch nodes as chains, the edges of each chunk (Reduce: a path towards the
     root; Broadcast: a tree from it, parents first), or None where the machine is not two NVSwitch nodes.
 
-    Reduce: chunk ``c`` takes rail ``c mod R``; in the far node its partial sum goes round the node's ring (GPU
-    ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender, crosses, and in the root's node goes
-    round from the rail's entry to the GPU before it (skipping the root), then to the root. Every GPU but the root
-    receives one partial sum of a chunk and sends one (the root's own rail: two into the root), so no receiver
-    waits for one partial sum before it may take another, which a tree's reductions do (the reversed Latin
-    squares and spreads ran 4-13% faster than they planned and stalled their NICs: 2 x dgx2 Reduce 1 GB,
-    77.6-82.9% of the limit). Broadcast: :func:`_broadcast_chains`."""
+    Reduce (:func:`_reduce_chains`): chunk ``c`` takes rail ``c mod R``; in the far node its partial sum goes round
+    the node's ring (GPU ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender and crosses; the
+    root's node sends every chunk round one ring to the root, which the rail's partial sum joins at its entry. Every
+    GPU but the entries and the root receives one partial sum of a chunk and sends one, so no receiver waits for
+    one partial sum before it may take another, which a tree's reductions do (the reversed Latin squares and spreads
+    ran 4-13% faster than they planned and stalled their NICs: 2 x dgx2 Reduce 1 GB, 77.6-82.9% of the limit); an
+    entry takes the rail's partial sum from its NIC, not through its switch port. Broadcast:
+    :func:`_broadcast_chains`."""
     if normalize_name(collective) == "broadcast":
         return _broadcast_chains(topology, chunks, root)
     return _reduce_chains(topology, chunks, root)
@@ -594,7 +606,16 @@ def _broadcast_chains(topology: Topology, chunks: int, root: int) -> list[list[E
 
 
 def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
-    """Reduce's chains (:func:`chain_paths`)."""
+    """Reduce's chains (:func:`chain_paths`): in the far node chunk ``c``'s partial sum goes round the node's ring
+    from the GPU after the sender of rail ``c mod R`` to the sender and crosses; in the root's node every chunk goes
+    round one ring, from the GPU after the root to the root, and the rail's partial sum joins it at the rail's
+    entry (the root's own rail: at the root). Edges: the far node's, the crossing, then the root node's ring.
+
+    Every GPU of the root's node then sends to one peer and receives from one (and from its NIC), so no switch
+    port waits for another: when each rail's partial sum went round the root's node from its entry, eight GPUs
+    took turns at the root's port, and a send waiting there held its GPU's port too (2 x dgx2 Reduce 1 GB, 2048
+    chunks: 89.5% of the limit planned, 98.5% this way); and the ring's partial sums come from the start, not
+    after the crossing."""
     routes = RootedRoutes(reverse_topology(topology), root)
     g, n0 = routes.g, root // routes.g
     if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
@@ -603,6 +624,8 @@ def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge
     def after(u: int) -> int:
         return u - u % g + (u % g + 1) % g
 
+    ring = [root - root % g + (root % g + k) % g for k in range(1, g)] + [root]
+    near = list(zip(ring, ring[1:]))
     paths = []
     for c in range(chunks):
         entry, sender = routes.rails[c % len(routes.rails)][n0]     # on the reversed machine: root side, far side
@@ -610,13 +633,35 @@ def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge
         while u != sender:
             path.append((u, after(u)))
             u = after(u)
-        path.append((sender, entry))
-        # round the root's node from the rail's entry to the GPU before it, skipping the root, then to the root
-        # (the root's own rail: its node's ring from the GPU after the root joins there too)
-        ring = [v for v in (entry - entry % g + (entry % g + k) % g for k in range(g)) if v != root]
-        path += list(zip(ring, ring[1:])) + [(ring[-1], root)]
-        paths.append(path)
+        paths.append(path + [(sender, entry)] + near)
     return paths
+
+
+def _rail_receives_last(schedule: Schedule, topology: Topology) -> Schedule:
+    """``schedule`` with every receive over a rail numbered after the other receives of its chunk at its rank.
+
+    The fused lowering forwards a chunk from its last receive (in step order), and the chunks of one channel share
+    their threadblocks only where they are forwarded alike: from the rail at every entry. The booking numbers a
+    node's partial sum after the rail's now and then though it came first (2 of 2048 chunks on 2 x dgx2), and that
+    chain then cannot share its channel: the lowering unfused it, and the rest one by one, to plain steps that did
+    not fit. Times are kept; the step is the latest of the others' (the one after it where the chunk's sends from
+    there come later still)."""
+    into: dict[tuple[int, int], list[int]] = {}
+    leaves: dict[tuple[int, int], int] = {}
+    transfers = list(schedule.transfers)
+    for k, t in enumerate(transfers):
+        into.setdefault((t.dst, t.chunk), []).append(k)
+        leaves[(t.src, t.chunk)] = min(leaves.get((t.src, t.chunk), t.step), t.step)
+    for key, ks in into.items():
+        rail = [k for k in ks if topology.node_of(transfers[k].src) != topology.node_of(transfers[k].dst)]
+        if len(ks) < 2 or len(rail) != 1:
+            continue
+        t = transfers[rail[0]]
+        latest = max(transfers[k].step for k in ks if k != rail[0])
+        if t.step <= latest:
+            step = latest + 1 if latest + 1 < leaves.get(key, latest + 2) else latest
+            transfers[rail[0]] = replace(t, step=step)
+    return replace(schedule, transfers=tuple(transfers))
 
 
 def _chain_slots(topology: Topology, paths: list[list[Edge]]) -> tuple[list[int], int, float]:
@@ -670,16 +715,25 @@ def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, 
                 rank.append(have[u])
                 have[v] = have[u] + (nic_slots if topology.node_of(u) != topology.node_of(v) else 1.0)
         return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
-                             rule=CHAIN_RULES[name], channels=_fitting_channels(paths, CHAIN_CHANNELS + (32,)),
+                             rule=CHAIN_RULES[name], channels=_fitting_channels(paths, CHAIN_CHANNELS + (MAX_CHANNELS,)),
                              cut="position", notes=notes)
-    rank = [slot_us * (c // rails * nic_slots + g - 1 + h - x + (nic_slots - 1 if h > x else 0.0))
-            for c, (path, x) in enumerate(zip(paths, cross)) for h in range(len(path))]
-    timing = dict(channels=_fitting_channels(paths, CHAIN_CHANNELS)[:1], cut="fused") if fused else \
-        dict(channels=CHAIN_CHANNELS)
+    # the far node's hops are due one slot apart up to the rail's crossing, the rail's c-th chunk after c rail
+    # times; in the root's node the hop into the entry is due as the rail's partial sum arrives there, the others a
+    # slot apart before and after it
+    rank = []
+    for c, (path, x) in enumerate(zip(paths, cross)):
+        crossing = c // rails * nic_slots + g - 1
+        ring = [path[x + 1][0]] + [v for _, v in path[x + 1:]]
+        at = ring.index(path[x][1])
+        rank += [crossing - x + h for h in range(x + 1)]
+        rank += [crossing + nic_slots + k - at for k in range(len(path) - x - 1)]
+    timing = dict(channels=_fitting_channels(paths, CHAIN_CHANNELS + (MAX_CHANNELS,))[:1], cut="fused") if fused \
+        else dict(channels=CHAIN_CHANNELS)
     if fused:
         notes["plan"] += "/fused"
-    return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=np.array(rank),
-                         rule=CHAIN_RULES[name], notes=notes, **timing)
+    booked = list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
+                           rule=CHAIN_RULES[name], notes=notes, **timing)
+    return _rail_receives_last(booked, topology)
 
 
 def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
@@ -799,16 +853,16 @@ def latin_threadblocks(peers: int, chunks: int, target: str) -> int:
     return 2 * peers * per_connection
 
 
-def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float) -> int:
+def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float, cap: int = MAX_CHUNKS) -> int:
     """The most chunks worth making at ``size_bytes``: no more than 4-byte elements (the runtime selects the
-    program only where the chunks divide the count), at most :data:`MAX_CHUNKS`, and few enough that the
+    program only where the chunks divide the count), at most ``cap``, and few enough that the
     runtime's FIFO of messages on a rail covers its latency (a connection holds :data:`RUNTIME_FIFO_DEPTH`
     messages, so smaller ones leave the NIC waiting for the receiver: 2 x dgx-h100 Reduce 1 MB with 64 chunks
     planned 6.3 us and simulated 11.4 us; with 16, 7.9 us both)."""
     n0 = routes.root // routes.g
     rail_bytes = max(link.alpha_us * link.capacity_GBps * BYTES_PER_US_PER_GBPS
                      for link in (topology.link(*rail[n0]) for rail in routes.rails))
-    most = min(MAX_CHUNKS, size_bytes // ELEMENT_BYTES, RUNTIME_FIFO_DEPTH * size_bytes / rail_bytes)
+    most = min(cap, size_bytes // ELEMENT_BYTES, RUNTIME_FIFO_DEPTH * size_bytes / rail_bytes)
     c = 1
     while 2 * c <= most:
         c *= 2
@@ -821,9 +875,10 @@ def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, 
     (2 x dgx2 1 GB: Reduce 95.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed Latin
     squares; Broadcast 98.2% against 93.3%; 2 x dgx-h100, a NIC per GPU: Reduce 81.3% against 98.7%), and only as
     long pipelines: the fewest chunks for which the chain's fill and drain (round both nodes, and one crossing)
-    cost at most :data:`CHAIN_FILL_SHARE` of the rails' time (the user's ``chunks``: that count). Half of them
-    simulated slower everywhere measured (2 x dgx2 64 MB: Broadcast 95.2% against 97.0%, Reduce 91.1% against
-    94.2%; 1 GB: Broadcast 96.3% against 98.2%)."""
+    cost at most :data:`CHAIN_FILL_SHARE` of the rails' time (the user's ``chunks``: that count), and twice as many
+    where :data:`CHAIN_MOST_CHUNKS` allows (2 x dgx2 Reduce 1 GB: 98.5% of the limit simulated with 2048 chunks,
+    97.1% with 1024). Half of them simulated slower everywhere measured (2 x dgx2 64 MB: Broadcast 95.2% against
+    97.0%, Reduce 91.1% against 94.2%; 1 GB: Broadcast 96.3% against 98.2%)."""
     root = root or 0
     g = topology.gpus_per_node
     paths = chain_paths(topology, collective, g, root)     # a chunk on every rail
@@ -835,11 +890,19 @@ def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, 
     if chunks:
         return (chunks,)
     fill_slots = 2 * (g - 1) + nic_slots
-    most = most_chunks(topology, RootedRoutes(topology, root), size_bytes)
+    routes = RootedRoutes(topology, root)
+    most = most_chunks(topology, routes, size_bytes)
     c = 1
     while 2 * c <= most and fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots:
         c *= 2
-    return () if fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots else (c,)
+    if fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots:
+        return ()
+    name = normalize_name(collective)
+    node_link = _node_link(topology, paths[0])
+    slot_us = size_bytes / (2 * c) / (node_link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+    finer = name in CHAIN_MOST_CHUNKS and slot_us >= CHAIN_FINER_ALPHAS * node_link.alpha_us and \
+        2 * c <= most_chunks(topology, routes, size_bytes, CHAIN_MOST_CHUNKS[name])
+    return (c, 2 * c) if finer else (c,)
 
 
 def _busiest_hand_out(routes: RootedRoutes, chunks: int) -> int:
@@ -868,9 +931,11 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         # Reduce's chains timed both ways (each port in order, or as the fused lowering runs them): neither plan is
         # the faster file everywhere (2 x dgx2 1 GB: 93.4% of the limit simulated against 95.4%; 64 MB: 94.2%
         # against 92.1%)
+        # (more chunks than MAX_CHUNKS fit only fused)
         chained = chain_chunk_options(topology, name, size_bytes, root, chunks)
         plans = [(c, "sequence", 1.0, design) for c in chained
-                 for design in (CHAIN_DESIGNS if name == "reduce" else CHAIN_DESIGNS[:1])]
+                 for design in (CHAIN_DESIGNS if name == "reduce" else CHAIN_DESIGNS[:1])
+                 if c <= MAX_CHUNKS or design == "chain/fused"]
         if chunks or not chained:
             plans += [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
                                                               chunk_options(topology, name, size_bytes, root, target))]
