@@ -73,7 +73,7 @@ from typing import NamedTuple, Sequence
 import numpy as np
 
 from backends.msccl import conventions
-from backends.msccl.ir import STEP_TYPES, MscclProgram, Step
+from backends.msccl.ir import BUFFERS, STEP_TYPES, MscclProgram, Step
 from backends.msccl.limits import MAX_CNT, connection_findings
 
 from synth.model.collectives import ROOTED, Chunk, Collective, make_collective, normalize_name
@@ -341,8 +341,8 @@ class RunOutcome:
     findings: tuple[Finding, ...]
     deadlock_cycle: tuple[Ref, ...]
     layout: BufferLayout = field(repr=False)
-    memory: tuple[dict, ...] = field(repr=False)          # per gpu {(buffer key, index): multiset dict}
-    last_writer: dict = field(repr=False)                  # (gpu, key) -> Ref of the step that wrote it last
+    memory: tuple[dict, ...] = field(repr=False)          # per gpu {buffer key: {index: multiset dict}}
+    last_writer: tuple[dict, ...] = field(repr=False)     # per gpu {buffer key: {index: Ref of its last writer}}
 
 
 @dataclass(frozen=True)
@@ -547,9 +547,9 @@ def _outputs(program: MscclProgram, run: RunOutcome) -> dict:
     layout = run.layout
     for gpu, memory in enumerate(run.memory):
         base = layout.offsets[gpu][1] if layout.inplace else 0   # BufferLayout.key of o[k], for all k at once
-        get = memory.get
+        get = memory["o"].get
         for k in range(min(layout.sizes[gpu]["o"], per_gpu)):
-            outputs[(gpu, k)] = _counter(get(("o", base + k), _EMPTY))
+            outputs[(gpu, k)] = _counter(get(base + k, _EMPTY))
     return outputs
 
 
@@ -589,17 +589,23 @@ def _mismatches(coll: Collective, run: RunOutcome, outputs: dict) -> list[Findin
         for rank, k in chunk.destinations:
             got = outputs.get((rank, k))
             if got is None:
-                slot = run.layout.key(rank, "o", k)
-                got = _counter(run.memory[rank].get(slot, _EMPTY) if rank < len(run.memory) else _EMPTY)
+                got = _counter(_held(run.memory, rank, run.layout.key(rank, "o", k), _EMPTY))
             want = want if want is not None else dict(chunk.expected)
             if not dict.__eq__(got, want):
                 wrong.append((rank, k, got, Counter(want)))
     findings = []
     for rank, k, got, want in sorted(wrong, key=lambda entry: entry[:2]):
-        key = run.layout.key(rank, "o", k)
-        writer = run.last_writer.get((rank, key))
+        writer = _held(run.last_writer, rank, run.layout.key(rank, "o", k), None)
         findings.append(Finding("postcondition", _describe_mismatch(coll, rank, k, got, want, writer), gpu=rank))
     return findings
+
+
+def _held(per_gpu: tuple[dict, ...], gpu: int, key: tuple[str, int], default):
+    """What a run's per-gpu table (:attr:`RunOutcome.memory` or ``last_writer``) holds at ``key`` (buffer key,
+    index) of ``gpu``, else ``default``."""
+    if not 0 <= gpu < len(per_gpu):
+        return default
+    return per_gpu[gpu].get(key[0], {}).get(key[1], default)
 
 
 def _ranges(ranks: list[int]) -> str:
@@ -669,12 +675,15 @@ class _View:
 
     def __init__(self, layout: BufferLayout, ngpus: int, findings: list[Finding]):
         self.layout = layout
-        self.memory = [dict() for _ in range(ngpus)]
+        # per gpu, buffer key -> {index: value}: a dict per buffer keyed by int, as a step's slots are looked up
+        # tens of thousands of times (keys (buffer, index) cost a tuple and its hash each time)
+        self.memory = [{buf: {} for buf in BUFFERS} for _ in range(ngpus)]
         for g in range(min(ngpus, len(layout.input_chunks))):
-            for j in range(layout.input_chunks[g]):
-                self.memory[g][layout.key(g, "i", j)] = {(g, j): 1}
-        self.last_writer: dict = {}
-        self.history: dict = {}     # (gpu, key) -> [last write (t, epoch, ref), {t: (epoch, ref)}]
+            key_buf, base = layout.key(g, "i", 0)
+            self.memory[g][key_buf].update({base + j: {(g, j): 1} for j in range(layout.input_chunks[g])})
+        self.last_writer = [{buf: {} for buf in BUFFERS} for _ in range(ngpus)]   # the same, -> Ref
+        # the same, -> [last write (t, epoch, ref) or None, {t: (epoch, ref)} of the reads since, or None]
+        self.history = [{buf: {} for buf in BUFFERS} for _ in range(ngpus)]
         self.races: dict = {}       # (ref a, ref b) -> (kind, [slot names])
         self.findings = findings
         # per gpu, buffer -> (chunks, key buffer, offset of index 0 in it): BufferLayout.key for a run of slots
@@ -746,7 +755,7 @@ class _Machine:
                 view.findings.append(Finding("race", f"race analysis skipped: {len(self.ix.tbs)} threadblocks "
                                              f"exceed the vector-clock budget of {MAX_RACE_TBS}", "warning"))
             outcomes.append(RunOutcome(self.depth, completed, self.executed, tuple(view.findings), cycle,
-                                       view.layout, tuple(view.memory), view.last_writer))
+                                       view.layout, tuple(view.memory), tuple(view.last_writer)))
         return tuple(outcomes)
 
     def _wake(self, t: int | None) -> None:
@@ -913,17 +922,16 @@ class _Machine:
             self._slots(view, ref, buf, off, cnt, step, "reads")    # says why
             return [_EMPTY] * cnt
         key_buf, first = place[1], place[2] + off
-        get = view.memory[gpu].get
+        get = view.memory[gpu][key_buf].get
         if cnt == 1:
-            key = (key_buf, first)
             if self.track_races:
-                self._access(view, t, ref, (gpu, key), False, buf, off)
-            return [get(key, _EMPTY)]
-        keys = [(key_buf, first + j) for j in range(cnt)]
+                self._access(view, view.history[gpu][key_buf], first, t, ref, False, buf, off)
+            return [get(first, _EMPTY)]
         if self.track_races:
-            for j, key in enumerate(keys):
-                self._access(view, t, ref, (gpu, key), False, buf, off + j)
-        return [get(key, _EMPTY) for key in keys]
+            history = view.history[gpu][key_buf]
+            for j in range(cnt):
+                self._access(view, history, first + j, t, ref, False, buf, off + j)
+        return [get(first + j, _EMPTY) for j in range(cnt)]
 
     def _write(self, view: _View, t: int, ref: Ref, buf: str, off: int, value: list, step: Step) -> None:
         gpu = ref[0]
@@ -933,50 +941,48 @@ class _Machine:
             self._slots(view, ref, buf, off, cnt, step, "writes")   # says why
             return
         key_buf, first = place[1], place[2] + off
-        memory = view.memory[gpu]
-        last_writer = view.last_writer
-        track = self.track_races
+        memory = view.memory[gpu][key_buf]
+        last_writer = view.last_writer[gpu][key_buf]
         if cnt == 1:
-            key = (key_buf, first)
-            slot = (gpu, key)
-            if track:
-                self._access(view, t, ref, slot, True, buf, off)
-            memory[key] = value[0]
-            last_writer[slot] = ref
+            if self.track_races:
+                self._access(view, view.history[gpu][key_buf], first, t, ref, True, buf, off)
+            memory[first] = value[0]
+            last_writer[first] = ref
             return
+        history = view.history[gpu][key_buf] if self.track_races else None
         for j, v in enumerate(value):
-            key = (key_buf, first + j)
-            slot = (gpu, key)
-            if track:
-                self._access(view, t, ref, slot, True, buf, off + j)
-            memory[key] = v
-            last_writer[slot] = ref
+            if history is not None:
+                self._access(view, history, first + j, t, ref, True, buf, off + j)
+            memory[first + j] = v
+            last_writer[first + j] = ref
 
     # ------------------------------------------------------------------ races
 
-    def _access(self, view: _View, t: int, ref: Ref, slot: tuple, write: bool, buf: str, index: int) -> None:
-        """Check one access to chunk ``buf[index]`` (``slot``: its gpu and key in memory) against the slot's last
-        write and the reads since (FastTrack-style)."""
-        history = view.history
-        hist = history.get(slot)
+    def _access(self, view: _View, history: dict, index: int, t: int, ref: Ref, write: bool, buf: str,
+                name_index: int) -> None:
+        """Check one access to chunk ``buf[name_index]`` (``history[index]``: its slot's history in ``view``)
+        against the slot's last write and the reads since (FastTrack-style)."""
+        hist = history.get(index)
         if hist is None:
             epoch = ref[2] + 1
-            history[slot] = [(t, epoch, ref), {}] if write else [None, {t: (epoch, ref)}]
+            history[index] = [(t, epoch, ref), None] if write else [None, {t: (epoch, ref)}]
             return
         vc = self.clock[t]
         last = hist[0]
         if last is not None and last[0] != t and vc[last[0]] < last[1]:
-            self._race(view, last[2], ref, "write-write" if write else "write-read", f"{buf}[{index}]")
+            self._race(view, last[2], ref, "write-write" if write else "write-read", f"{buf}[{name_index}]")
+        readers = hist[1]
         if write:
-            readers = hist[1]
             if readers:
                 for u, (e, other) in readers.items():
                     if u != t and vc[u] < e:
-                        self._race(view, other, ref, "read-write", f"{buf}[{index}]")
-                hist[1] = {}
+                        self._race(view, other, ref, "read-write", f"{buf}[{name_index}]")
+                hist[1] = None
             hist[0] = (t, ref[2] + 1, ref)
+        elif readers is None:
+            hist[1] = {t: (ref[2] + 1, ref)}
         else:
-            hist[1][t] = (ref[2] + 1, ref)
+            readers[t] = (ref[2] + 1, ref)
 
     @staticmethod
     def _race(view: _View, first: Ref, second: Ref, kind: str, name: str) -> None:

@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from xml.sax import SAXParseException
 from xml.sax.handler import ContentHandler
 
@@ -186,6 +187,8 @@ def parse_msccl_document(text: str, source: str, bounds: ParseBounds = ParseBoun
         raise _syntax_error(source, body, exc, handler) from None
     except DefusedXmlException:
         raise XmlError(source, handler.line(), "DTDs and entities are refused (untrusted input)") from None
+    finally:    # the expat parser holds the handler's methods: no cycle back, or it keeps every step alive
+        handler.expat = None
     if not handler.programs:
         raise XmlError(source, 1, "no <algo> element found; this is not an MSCCL algorithm file")
     return MscclDocument(source, tuple(handler.programs), tuple(handler.notes()))
@@ -248,15 +251,15 @@ class _Reader(DefusedExpatParser):
         handler.expat = parser
 
 
-@dataclass
-class _Frame:
-    """An open element while parsing. ``children`` collects the finished children of algo/gpu/tb."""
+class _Frame(NamedTuple):
+    """An open element while parsing (a NamedTuple: one is made per step, a dataclass with factories costs three
+    times as much). ``attrs`` and ``children`` (the finished children) are those of algo/gpu/tb, None else."""
 
     tag: str
     kind: str                      # root, algo, gpu, tb, step, unknown
     line: int
-    attrs: dict = field(default_factory=dict)
-    children: list = field(default_factory=list)
+    attrs: dict | None = None
+    children: list | None = None
 
 
 class _Handler(ContentHandler):
@@ -275,7 +278,6 @@ class _Handler(ContentHandler):
         self._ints: dict[str, int] = {}   # attribute text already matched as an integer -> its value
         # ... and those that a step accepted whose value fits every integer attribute of a step
         self._step_ints: dict[str, int] = {}
-        self._converters = {"algo": self._algo_values, "gpu": self._gpu_values, "tb": self._tb_values}
         self.expat = None     # the expat parser reading the text (:class:`_Reader`), for line numbers
 
     # --- position and notes -------------------------------------------------------------------------------
@@ -308,10 +310,20 @@ class _Handler(ContentHandler):
     # --- SAX events ---------------------------------------------------------------------------------------
     def startElement(self, name, attrs):
         line = self.line()
-        if not self._stack:
-            self._stack.append(_Frame(name, "root", line))
+        stack = self._stack
+        if name == "step" and stack and stack[-1].kind == "tb":
+            # most elements: built straight into a Step, no attribute dict kept
+            step = self._plain_step(attrs, line) or self._attributes(name, attrs, line)
+            self._steps += 1
+            if self._steps > self.max_steps:
+                self._too_many_steps()
+            stack[-1].children.append(step)
+            stack.append(_Frame(name, name, line))
             return
-        parent = self._stack[-1]
+        if not stack:
+            stack.append(_Frame(name, "root", line))
+            return
+        parent = stack[-1]
         if parent.kind == "unknown" or name not in _PARENT:
             if name in _PARENT:
                 self._fail(f"<{name}> is inside <{parent.tag}> (line {parent.line}), which is not MSCCL")
@@ -323,14 +335,8 @@ class _Handler(ContentHandler):
             where = "at top level" if parent.kind == "root" else f"inside <{parent.tag}> (line {parent.line})"
             wanted = "at top level" if _PARENT[name] == "root" else f"inside <{_PARENT[name]}>"
             self._fail(f"<{name}> must be {wanted}, not {where}")
-        if name == "step":   # most elements: built straight into a Step, no attribute dict kept
-            step = self._plain_step(attrs, line) or self._attributes(name, attrs, line)
-            self._count_step()
-            parent.children.append(step)
-            self._stack.append(_Frame(name, name, line))
-            return
         values = self._attributes(name, attrs, line)
-        self._stack.append(_Frame(name, name, line, values))
+        self._stack.append(_Frame(name, name, line, values, []))
 
     def endElement(self, name):
         frame = self._stack.pop()
@@ -360,7 +366,7 @@ class _Handler(ContentHandler):
             self._fail(f"<{tag}> lacks required attribute{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
         if tag == "step":
             return self._step_values(tag, raw, line)
-        return self._converters[tag](tag, raw)
+        return _CONVERTERS[tag](self, tag, raw)
 
     def _int(self, tag: str, raw: dict, attr: str, low: int = INT32_MIN, high: int = INT32_MAX) -> int:
         text = raw[attr]
@@ -437,12 +443,10 @@ class _Handler(ContentHandler):
         except KeyError:
             return None
 
-    def _count_step(self) -> None:
-        self._steps += 1
-        if self._steps > self.max_steps:
-            self._fail(f"more than {self.max_steps} steps in one file" + (
-                "" if self.max_steps < MAX_STEPS else f": no MSCCL runtime loads that many (a rank's load holds "
-                f"{MAX_XML_ELEMENTS} XML elements, an <algo> {MAX_XML_CHILDREN} GPUs)"))
+    def _too_many_steps(self) -> None:
+        self._fail(f"more than {self.max_steps} steps in one file" + (
+            "" if self.max_steps < MAX_STEPS else f": no MSCCL runtime loads that many (a rank's load holds "
+            f"{MAX_XML_ELEMENTS} XML elements, an <algo> {MAX_XML_CHILDREN} GPUs)"))
 
     @staticmethod
     def _program(frame: _Frame) -> MscclProgram:
@@ -450,6 +454,11 @@ class _Handler(ContentHandler):
         return MscclProgram(a["name"], a["proto"], a["nchannels"], a["nchunksperloop"], a["ngpus"], a["coll"],
                             a["inplace"], a["outofplace"], a["minBytes"], a["maxBytes"], tuple(frame.children),
                             frame.line)
+
+
+# How each element's attributes are checked and converted (functions of the class, not bound methods kept on the
+# handler: those would hold it in a reference cycle, and the parsed program with it until a full collection).
+_CONVERTERS = {"algo": _Handler._algo_values, "gpu": _Handler._gpu_values, "tb": _Handler._tb_values}
 
 
 def _show(value: str, limit: int = 40) -> str:

@@ -5,7 +5,9 @@ Two bounds, both in microseconds:
 - **bandwidth**: the time the links and switch ports need to carry what must cross every cut, computed from a
   flow network of the topology (below) with fluid (arbitrarily divisible) data;
 - **latency**: the alpha-weighted diameter, the largest over the rank pairs that must communicate of the
-  shortest alpha path; ``hops`` is the same in hops.
+  shortest alpha path; ``hops`` is the same in hops;
+- **direct** (a latency bound that counts bytes, :func:`direct_bound_us`): before any relayed path could bring
+  a source's data, it must come in direct messages, and those queue on the links and switch ports they share.
 
 ``limit_us`` is the larger of the two. Sizes follow nccl-tests (DESIGN section 4): Allgather ``size_bytes`` is
 the output buffer, ReduceScatter the input buffer, Allreduce/Broadcast/Reduce the buffer, Alltoall the per-rank
@@ -49,7 +51,7 @@ import networkx as nx
 import numpy as np
 
 from synth.model.collectives import make_collective, normalize_name
-from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, load_bound_us
 from synth.errors import InputError, SolverError
 from synth.solver.highs import INFEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
 from synth.model.symmetry import rank_orbit_reps
@@ -76,9 +78,10 @@ class Bound:
     latency_us : float
         Alpha-weighted diameter over the rank pairs the collective connects, microseconds.
     limit_us : float
-        ``max(bandwidth_us, latency_us)``.
+        ``max(bandwidth_us, direct_us)`` (``direct_us >= latency_us``).
     binding : str
-        ``"bandwidth"`` or ``"latency"``: which bound gives ``limit_us``.
+        ``"bandwidth"`` or ``"latency"`` (the alpha diameter, or the direct bound above it): which gives
+        ``limit_us``.
     hops : int
         Hop diameter over the same pairs (a lower bound on the number of steps).
     chunk_path_us : float
@@ -96,6 +99,7 @@ class Bound:
     hops: int
     chunk_path_us: float
     method: str
+    direct_us: float = 0.0
 
     @property
     def algbw_GBps(self) -> float:
@@ -140,9 +144,11 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
     links = topology.link_arrays()
     chunk_us = _farthest(topology, sources, reverse, links.alpha_us + coll.chunk_bytes(size_bytes) /
                          (links.capacity_GBps * BYTES_PER_US_PER_GBPS))
-    limit = max(bw_us, latency_us)
-    binding = "bandwidth" if bw_us >= latency_us else "latency"
-    return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, limit, binding, hops, chunk_us, method)
+    direct_us = direct_bound_us(name, topology, size_bytes, coll.root, latency_us)
+    limit = max(bw_us, direct_us)
+    binding = "bandwidth" if bw_us >= direct_us else "latency"
+    return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, limit, binding, hops, chunk_us, method,
+                 direct_us)
 
 
 def _check_work(name: str, topology: Topology, path_searches: int) -> None:
@@ -484,6 +490,60 @@ def _solve_lp(rows, cols, vals, cost, row_lower, row_upper) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- latency
+
+DIRECT_MAX_RANKS = 128     # the direct bound compares every pair's relayed paths: N^2 entries per link source
+DIRECT_MAX_STEPS = 64      # relayed-path thresholds it steps through (heterogeneous profiles have many)
+
+
+def direct_bound_us(collective_name: str, topology: Topology, size_bytes: float, root: int | None,
+                    latency_us: float) -> float:
+    """A latency bound that counts bytes, microseconds: at least ``latency_us`` (the alpha diameter), and at
+    least the time the messages that must go direct need on the links and switch ports they share.
+
+    A destination needs every element of each source's data it depends on (a shard, or the whole buffer for
+    Broadcast, Reduce and Allreduce: an element carries one index's sum, so nothing shrinks it). Before ``T``
+    reaches the fastest relayed path from the source (alpha of a first link to another rank plus that rank's
+    shortest alpha path on), that data can only come over the direct link, so for a candidate ``T`` every such
+    pair's bytes are booked on their links and ports (:func:`~synth.schedule.costmodel.load_bound_us`, the cost
+    model's own serialisation). The bound is the least ``T`` that books in time: a dgx2 Allreduce of 1 KB sends
+    every rank's buffer straight to the other 15 through one NVSwitch port (0.473 us) or relays it (two alphas,
+    0.7 us), never the 0.35 us of one alpha. Topologies over :data:`DIRECT_MAX_RANKS` ranks get ``latency_us``.
+
+    >>> from synth.model.topology import load_topology
+    >>> round(direct_bound_us("allreduce", load_topology("dgx2"), 1024, None, 0.35), 3)
+    0.473
+    """
+    n = topology.num_ranks
+    if n > DIRECT_MAX_RANKS:
+        return latency_us
+    name = normalize_name(collective_name)
+    every = [(s, d) for s in range(n) for d in range(n) if s != d]
+    pairs, nbytes = {
+        "allreduce": (every, size_bytes), "broadcast": ([(root, d) for d in range(n) if d != root], size_bytes),
+        "reduce": ([(s, root) for s in range(n) if s != root], size_bytes),
+        "scatter": ([(root, d) for d in range(n) if d != root], size_bytes / n),
+        "gather": ([(s, root) for s in range(n) if s != root], size_bytes / n),
+    }.get(name, (every, size_bytes / n))       # Allgather, ReduceScatter, Alltoall: a shard per pair
+    links = topology.link_arrays()
+    distance = _distances(topology, range(n), False, links.alpha_us)
+    relayed = np.full((n, n), np.inf)          # fastest path of at least two hops
+    for link in topology.links:
+        via = link.alpha_us + distance[link.dst]
+        via[link.dst] = np.inf
+        np.minimum(relayed[link.src], via, out=relayed[link.src])
+    direct = [(s, d, float(relayed[s, d])) for s, d in pairs if (s, d) in topology.link_index]
+    bound = latency_us
+    for _ in range(DIRECT_MAX_STEPS):     # each step is a valid bound: stopping early only weakens it
+        forced = [(s, d, r) for s, d, r in direct if r > bound]
+        if not forced:
+            return bound
+        booked = load_bound_us([(s, d) for s, d, _ in forced], topology, nbytes)
+        sooner = min(r for _, _, r in forced)     # from here on the pairs this far are relayed in time
+        if booked < sooner:
+            return max(bound, booked)
+        bound = sooner
+    return bound
+
 
 def _path_searches(name: str, topology: Topology, root: int | None) -> tuple[tuple[int, ...], bool]:
     """The ranks whose shortest-path searches cover every pair of ranks whose data must meet, and whether they

@@ -50,6 +50,9 @@ def bounds(collective, topology_name, nodes, fabric, oversubscription, size_text
     echo_err(f"{b.collective} {format_size(size)} ({size} bytes) on {topo.name} ({topo.num_ranks} ranks)")
     echo_err(f"  bandwidth bound  {b.bandwidth_us:14.3f} us  ({b.method})")
     echo_err(f"  latency bound    {b.latency_us:14.3f} us  (alpha diameter, {b.hops} hops)")
+    if b.direct_us > b.latency_us:
+        echo_err(f"  direct bound     {b.direct_us:14.3f} us  (what cannot be relayed in time, queued on shared "
+                 f"links and ports)")
     echo_err(f"  limit            {b.limit_us:14.3f} us  ({b.binding} binds; algbw {b.algbw_GBps:.3f} GB/s)")
     echo_err(f"  one-chunk path   {b.chunk_path_us:14.3f} us  (store-and-forward, {chunks} chunk(s) per rank)")
 

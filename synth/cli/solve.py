@@ -132,6 +132,7 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
         options = SolverOptions(time_limit_s=time_limit, mip_gap=mip_gap, threads=threads, seed=seed, progress=progress)
         request = SynthesisRequest(topo, name, size_bytes, root, method, sketch, steps, rounds, chunks, options,
                                    include_baselines=not no_baseline, target=target, deadline=deadline)
+        gc.freeze()     # before the collector resumes: its first pass would walk all of it (see _set_up_frozen)
     echo_err(f"synth: {name} on {topo.name} ({topo.num_ranks} ranks), size {format_size(size_bytes)}, time limit "
              f"{time_limit:g} s")
     # a Dask scheduler is reached before any search; local workers start when the first candidate is written

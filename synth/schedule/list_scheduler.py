@@ -102,12 +102,12 @@ def transfer_table(topology: Topology, route_links, hop_us: np.ndarray) -> Trans
         for p in ps:
             kids[p].append(i)
     order = _topological(preds, kids)
-    link_arr = np.array(link, dtype=np.int64)
-    tail = np.zeros(n)
+    hop = hop_us.tolist()
+    tail = [0.0] * n
     for i in reversed(order):
-        tail[i] = hop_us[link_arr[i]] + max((tail[k] for k in kids[i]), default=0.0)
-    return TransferTable(np.array(chunk, dtype=np.int64), link_arr, tuple(preds), tail,
-                         tuple(tuple(k) for k in kids))
+        tail[i] = hop[link[i]] + max((tail[k] for k in kids[i]), default=0.0)
+    return TransferTable(np.array(chunk, dtype=np.int64), np.array(link, dtype=np.int64), tuple(preds),
+                         np.array(tail), tuple(tuple(k) for k in kids))
 
 
 def _topological(preds, kids) -> list[int]:
@@ -180,36 +180,51 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     if rule == "sequence" or fifo_depth is not None:
         order, start, end = _fastest_in_sequence(topology, table, nbytes, op, order, fifo_depth, channels, cut)
     steps = number_steps(topology, table.link, table.preds, order, table.chunk if op == REDUCE else None)
-    transfers = tuple(Transfer(int(table.chunk[i]), topology.links[table.link[i]].src,
-                               topology.links[table.link[i]].dst, int(steps[i]), op, float(start[i]), float(end[i]))
-                      for i in order)
-    return Schedule(collective, topology.name, transfers, int(steps.max()) + 1 if n else 0, None, None, method,
-                    notes=dict(notes or {}))
+    return Schedule(collective, topology.name, _transfers(topology, table, order, steps, op, start, end),
+                    int(steps.max()) + 1 if n else 0, None, None, method, notes=dict(notes or {}))
+
+
+def _transfers(topology: Topology, table: TransferTable, order, steps: np.ndarray, op: str, start, end
+               ) -> tuple[Transfer, ...]:
+    """The booked transfers in ``order``, each at its step, start and arrival (us). (Read as Python numbers in
+    bulk: a schedule holds tens of thousands.)"""
+    links = topology.links
+    chunk, link, step = table.chunk.tolist(), table.link.tolist(), steps.tolist()
+    start, end = np.asarray(start, dtype=float).tolist(), np.asarray(end, dtype=float).tolist()
+    return tuple(Transfer(chunk[i], links[link[i]].src, links[link[i]].dst, step[i], op, start[i], end[i])
+                 for i in order)
 
 
 def _book_greedily(topology: Topology, collective: Collective, table: TransferTable, nbytes: float, op: str,
                    own_first: bool, tie: np.ndarray, rule: str, fifo_depth: int | None):
-    """The greedy booking of :func:`list_schedule`: (booking order, start us, arrival us) per transfer."""
+    """The greedy booking of :func:`list_schedule`: (booking order, start us, arrival us) per transfer.
+
+    Per-transfer values are Python lists, not numpy arrays: the loop reads them one at a time, tens of
+    thousands of times (numpy's scalar reads were a third of the scheduler's time)."""
     n = len(table.chunk)
     nlinks = len(topology.links)
-    cap = np.array([l.capacity_GBps for l in topology.links])
+    cap = [l.capacity_GBps for l in topology.links]
     clock = LinkClock(topology)
+    port_free = clock.port_free
     link_ports = [l.ports for l in topology.links]
     port_bw = topology.port_capacity()
     inter = [topology.node_of(l.src) != topology.node_of(l.dst) for l in topology.links]
+    link_of = table.link.tolist()
+    chunk_of = table.chunk.tolist()
     own = [False] * n
     if own_first:
         for i in range(n):
-            li = int(table.link[i])
-            own[i] = inter[li] and topology.links[li].src in collective.chunks[int(table.chunk[i])].sources
-    tail = table.tail_us
-    link_of = [int(x) for x in table.link]
+            li = link_of[i]
+            own[i] = inter[li] and topology.links[li].src in collective.chunks[chunk_of[i]].sources
+    tail = table.tail_us.tolist()
+    tie = np.asarray(tie).tolist()
     # unbooked work (us) per resource; a transfer's resources are its link's, so urgency is per link
     res_of_link = []
     for li in range(nlinks):
         busy = nbytes / (cap[li] * BYTES_PER_US_PER_GBPS)
         res_of_link.append([(("l", li), busy)] + [(p, nbytes / (port_bw[p] * BYTES_PER_US_PER_GBPS))
                                                   for p in link_ports[li]])
+    resources_of_link = [[k for k, _ in resources] for resources in res_of_link]
     remaining: dict = {}
     for li in link_of:
         for k, b in res_of_link[li]:
@@ -219,9 +234,9 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
     arrived: list[list] = [[] for _ in range(nlinks)]   # (prio..., i)
     version = [0] * nlinks
     arrived_at = [0.0] * nlinks
-    ready = np.zeros(n)
-    start = np.zeros(n)
-    end = np.zeros(n)
+    ready = [0.0] * n
+    start = [0.0] * n
+    end = [0.0] * n
     unmet = [len(p) for p in table.preds]
     fifo = _Fifos(nlinks, fifo_depth)
     dst_of = [topology.links[li].dst for li in range(nlinks)]
@@ -239,9 +254,12 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
 
         ``arrived`` holds transfers ready by ``arrived_at[li]``; when that is later than the link's free time
         they are put back, so a transfer that becomes ready earlier is never overtaken."""
-        free = max(clock.link_free[li], fifo.room_us(li))
+        # (two-value maxima spelled out in the loops: the builtin's call costs eight times the comparison)
+        free, room = clock.link_free[li], fifo.room_us(li)
+        free = room if room > free else free
         for p in link_ports[li]:
-            free = max(free, clock.port_free.get(p, 0.0))
+            held = port_free.get(p, 0.0)
+            free = held if held > free else free
         fut, arr = future[li], arrived[li]
         if arr and arrived_at[li] > free + _EPS:
             for item in arr:
@@ -259,8 +277,8 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
         else:
             return None
         top = arr[0]
-        urgency = max(remaining[k] for k, _ in res_of_link[li]) if use_work else 0.0
-        return (t, top[0], -urgency) + tuple(top[1:])
+        urgency = max(map(remaining.__getitem__, resources_of_link[li])) if use_work else 0.0
+        return (t, top[0], -urgency) + top[1:]
 
     heap = []
 
@@ -276,6 +294,7 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
     for li in range(nlinks):
         push(li)
     booked_order = []
+    children = table.children
     while heap:
         entry = heapq.heappop(heap)
         li, ver = entry[-2], entry[-1]
@@ -289,21 +308,23 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
             heapq.heappush(heap, fresh + (li, version[li]))
             continue
         i = heapq.heappop(arrived[li])[-1]
-        res = clock.reserve(li, max(ready[i], fifo.room_us(li)), nbytes)
+        room = fifo.room_us(li)
+        res = clock.reserve(li, room if room > ready[i] else ready[i], nbytes)
         start[i], end[i] = res.start_us, res.arrival_us
-        usable = fifo.take(li, (dst_of[li], int(table.chunk[i])) if op == REDUCE else None, res.arrival_us)
+        usable = fifo.take(li, (dst_of[li], chunk_of[i]) if op == REDUCE else None, res.arrival_us)
         booked_order.append(i)
         for k, b in res_of_link[li]:
             remaining[k] -= b
-        for k in table.children[i]:
-            ready[k] = max(ready[k], usable)
+        for k in children[i]:
+            if usable > ready[k]:
+                ready[k] = usable
             unmet[k] -= 1
             if not unmet[k]:
                 heapq.heappush(future[link_of[k]], (ready[k],) + prio(k))
                 if link_of[k] != li:
                     push(link_of[k])
         push(li)
-    return booked_order, start, end
+    return booked_order, np.array(start), np.array(end)
 
 
 def _fastest_in_sequence(topology: Topology, table: TransferTable, nbytes: float, op, order, fifo_depth,
@@ -363,14 +384,14 @@ def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, o
     of every transfer (one string, or one per transfer). Raises ValueError when the sequences wait for each
     other."""
     n = len(table.chunk)
-    link_of = [int(x) for x in table.link]
+    link_of = table.link.tolist()
     links = topology.links
     reduces = [op == REDUCE] * n if isinstance(op, str) else [o == REDUCE for o in op]
     if cut not in CUTS:
         raise ValueError(f"unknown cut {cut!r}; use {', '.join(CUTS)}")
     as_they_come = cut != "chunk"       # sends to one peer on other channels are not held to the port's order
     channel = _channels_by_position(link_of, order, channels) if cut == "position" else \
-        [int(c) % channels for c in table.chunk]
+        [c % channels for c in table.chunk.tolist()]
 
     def sequence_key(i: int) -> tuple:
         l = links[link_of[i]]
@@ -390,8 +411,14 @@ def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, o
     unmet = [len(p) for p in table.preds]
     last_in: dict = {}
     for i in order:
-        before = [last_in.get(seq_of[i])]
+        first = last_in.get(seq_of[i])
         last_in[seq_of[i]] = i
+        if not as_they_come:    # cut "chunk": only the send before it in its sequence
+            if first is not None:
+                after[first].append(i)
+                unmet[i] += 1
+            continue
+        before = [first]
         port = links[link_of[i]].sender_port
         if cut == "fused":
             previous = last_in.get(("link", link_of[i]))
@@ -412,10 +439,12 @@ def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, o
     conn = [link_of[i] * channels + channel[i] for i in range(n)]
     clock = LinkClock(topology)
     fifo = _Fifos(len(links) * channels, fifo_depth)
-    ready = np.zeros(n)
-    free = np.zeros(n)      # when the sends each one waits for are on the wire
-    start = np.zeros(n)
-    end = np.zeros(n)
+    ready = [0.0] * n
+    free = [0.0] * n        # when the sends each one waits for are on the wire
+    start = [0.0] * n
+    end = [0.0] * n
+    chunk_of = table.chunk.tolist()
+    children = table.children
     heap: list[tuple[float, int, int]] = []
 
     def push(i: int) -> None:
@@ -430,22 +459,24 @@ def _time_in_sequence(topology: Topology, table: TransferTable, nbytes: float, o
         li = link_of[i]
         res = clock.reserve(li, at, nbytes)
         start[i], end[i] = res.start_us, res.arrival_us
-        usable = fifo.take(conn[i], (links[li].dst, int(table.chunk[i])) if reduces[i] else None,
-                           res.arrival_us)
+        usable = fifo.take(conn[i], (links[li].dst, chunk_of[i]) if reduces[i] else None, res.arrival_us)
         booked.append(i)
-        for k in table.children[i]:
-            ready[k] = max(ready[k], usable)
+        for k in children[i]:
+            if usable > ready[k]:
+                ready[k] = usable
             unmet[k] -= 1
             if not unmet[k]:
                 push(k)
+        busy_until = res.busy_until_us
         for k in after[i]:
-            free[k] = max(free[k], res.busy_until_us)
+            if busy_until > free[k]:
+                free[k] = busy_until
             unmet[k] -= 1
             if not unmet[k]:
                 push(k)
     if len(booked) < n:
         raise ValueError(f"rule 'sequence': the ranks make {n - len(booked)} transfers wait for each other")
-    return booked, start, end
+    return booked, np.array(start), np.array(end)
 
 
 def reverse_in_time(forward: Schedule, topology: Topology, collective: Collective, size_bytes: float, method: str,
@@ -501,9 +532,11 @@ class _Fifos:
         if self.depth is None:
             return arrival_us
         taken = self.taken[li]
-        at = max(arrival_us, taken[-1] if taken else 0.0)
+        previous = taken[-1] if taken else 0.0
+        at = previous if previous > arrival_us else arrival_us
         if reduces_into is not None:
-            at = max(at, self.reduced.get(reduces_into, 0.0))
+            reduced = self.reduced.get(reduces_into, 0.0)
+            at = reduced if reduced > at else at
             self.reduced[reduces_into] = at
         taken.append(at)
         return at
@@ -516,21 +549,24 @@ def number_steps(topology: Topology, link: np.ndarray, preds, order, reduced_chu
     within a step and the order on every resource is fixed by the steps alone, whatever the size). With
     ``reduced_chunk`` (the chunk of every transfer of a reduction) the reductions into one chunk at one rank also
     follow the booking order, which is the order the lowering applies them in (a negative entry: a copy)."""
-    steps = np.zeros(len(link), dtype=np.int64)
+    steps = [0] * len(link)
     last: dict = {}
+    links = topology.links
+    link = np.asarray(link).tolist()
+    reduced_chunk = None if reduced_chunk is None else np.asarray(reduced_chunk).tolist()
+    resources = {li: (("l", li), *links[li].ports) for li in set(link)}
     for i in order:
-        li = int(link[i])
-        l = topology.links[li]
-        keys = [("l", li), *l.ports]
+        li = link[i]
+        keys = resources[li]
         if reduced_chunk is not None and reduced_chunk[i] >= 0:
-            keys.append(("r", l.dst, int(reduced_chunk[i])))
+            keys = (*keys, ("r", links[li].dst, reduced_chunk[i]))
         s = max((steps[p] + 1 for p in preds[i]), default=0)
         for k in keys:
             s = max(s, last.get(k, -1) + 1)
         steps[i] = s
         for k in keys:
             last[k] = s
-    return steps
+    return np.array(steps, dtype=np.int64)
 
 
 def retime(schedule: Schedule, topology: Topology, size_bytes: float, fifo_depth: int | None = RUNTIME_FIFO_DEPTH,
