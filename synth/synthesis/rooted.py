@@ -36,7 +36,8 @@ the limit simulated). Reduce's partial sums go round the far node to the rail, a
 ring to the root that each rail's partial sum joins at its entry (98.5% of the limit simulated with 2048 chunks,
 timed as their fused lowering runs them). Broadcast's chains cross at once (the rail's sender passes the chunk on
 across and round its node) and are timed as the runtime relays them, as they come (98.2% of the limit, planned
-and simulated).
+and simulated); with 2048 chunks, fused, they go round one ring of the root's node, each rail's sender sending
+across as the chunk passes (98.7%).
 
 Scatter (Gather backwards, on the reversed machine) sends each chunk on a path: straight to the root node's GPUs,
 and to other nodes over the root's own NIC or handed to another rail's sender, in the proportion that makes the
@@ -79,14 +80,13 @@ SEARCHED_ALONE = ("broadcast", "reduce")
 # share of the bound; more chunks only add messages.
 PIPELINE_SHARE = 0.01
 MAX_CHUNKS = 1024
-# Chains with more chunks than MAX_CHUNKS, as their fused lowering holds them (a relay's 2048 ``rrs`` steps are 32
-# channels of 64): Reduce's (2 x dgx2 1 GB: 98.5% of the limit simulated with 2048 chunks, 97.1% with 1024). Not
-# Broadcast's: its root sends every chunk after its own copy and in its port's order, two waits a step (a ``nop``
-# each), 4,450 XML elements where the reader holds 4,095. Only where a chunk through a switch port still takes
-# CHAIN_FINER_ALPHAS times a hop's latency: below, every relay adds more latency than the finer pipeline saves (2 x
-# dgx2 Reduce 256 MB: 98.3% with 2048 chunks, 96.8% with 1024; 64 MB, a chunk through a port in 0.27 us against
-# 0.35 us of latency: 93.3% against 95.6%).
-CHAIN_MOST_CHUNKS = {"reduce": 2048}
+# Chains with more chunks than MAX_CHUNKS, as their fused lowering holds them (a relay's 2048 ``rcs``/``rrs`` steps
+# are 32 channels of 64; 2 x dgx2 1 GB with 2048 chunks: Reduce 98.5% of the limit simulated, 97.1% with 1024;
+# Broadcast 98.7%, 98.2%), only where a chunk through a switch port still takes CHAIN_FINER_ALPHAS times a hop's
+# latency: below, every relay adds more latency than the finer pipeline saves (2 x dgx2 Reduce 256 MB: 98.3% with
+# 2048 chunks, 96.8% with 1024; 64 MB, a chunk through a port in 0.27 us against 0.35 us of latency: 93.3% against
+# 95.6%).
+CHAIN_MOST_CHUNKS = 2048
 CHAIN_FINER_ALPHAS = 2.0
 LATENCY_BOUND_CHUNKS = 16    # Latin squares: chunks kept however small they are (below them latency rules anyway)
 ELEMENT_BYTES = 4
@@ -106,7 +106,8 @@ OWN_RAIL_SCALES = (1.0, 0.8125, 0.75)
 # :func:`_fitting_channels`), and the most their fill and drain may cost of the rails' time
 CHAIN_CHANNELS = (1, 2, 4, 8, 16)
 CHAIN_FILL_SHARE = 0.05
-# Chains as composed (:func:`compose`): Reduce's timed in each port's order, or as its fused lowering runs
+# Chains as composed (:func:`compose`): timed in each port's order (Broadcast: as its plain lowering relays them),
+# or as their fused lowering runs them (Broadcast: round one ring of the root's node, :func:`_broadcast_chains`)
 CHAIN_DESIGNS = ("chain", "chain/fused")
 # How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
 # 93.4% of the limit simulated, each port in the due order 88.6%; timed as fused, 95.4% against 88.3%). Broadcast: the root's hand-outs in the due
@@ -563,9 +564,11 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
     return _broadcast(topology, chunks, size_bytes, root)
 
 
-def chain_paths(topology: Topology, collective: str, chunks: int, root: int) -> list[list[Edge]] | None:
+def chain_paths(topology: Topology, collective: str, chunks: int, root: int, fused: bool = False
+                ) -> list[list[Edge]] | None:
     """Broadcast or Reduce on two NVSwitch nodes as chains, the edges of each chunk (Reduce: a path towards the
     root; Broadcast: a tree from it, parents first), or None where the machine is not two NVSwitch nodes.
+    ``fused``: Broadcast's chains as their fused lowering holds them (:func:`_broadcast_chains`).
 
     Reduce (:func:`_reduce_chains`): chunk ``c`` takes rail ``c mod R``; in the far node its partial sum goes round
     the node's ring (GPU ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender and crosses; the
@@ -576,17 +579,24 @@ def chain_paths(topology: Topology, collective: str, chunks: int, root: int) -> 
     entry takes the rail's partial sum from its NIC, not through its switch port. Broadcast:
     :func:`_broadcast_chains`."""
     if normalize_name(collective) == "broadcast":
-        return _broadcast_chains(topology, chunks, root)
+        return _broadcast_chains(topology, chunks, root, one_ring=fused)
     return _reduce_chains(topology, chunks, root)
 
 
-def _broadcast_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
+def _broadcast_chains(topology: Topology, chunks: int, root: int, one_ring: bool = False
+                      ) -> list[list[Edge]] | None:
     """Broadcast's chains (:func:`chain_paths`): the root hands chunk ``c`` to the sender of rail ``c mod R``,
     which sends it across at once and round the rest of the root's node (GPU ``u`` to ``u - 1``, skipping the
     root); the rail's entry sends it round its node. Every GPU takes a chunk once and passes it on through its
     switch port at most once (the sender also through its NIC), so every port serves one chunk per chunk, and
     a rail's first chunk waits for one hop, not fifteen: when each chunk went round the root's node before it
-    crossed, 2 x dgx2 Broadcast 1 GB simulated at 96.3% of the limit; crossing at once, 98.2%."""
+    crossed, 2 x dgx2 Broadcast 1 GB simulated at 96.3% of the limit; crossing at once, 98.2%.
+
+    ``one_ring``: every chunk goes round one ring of the root's node from the root (GPU ``u`` to ``u - 1``), and
+    the rail's sender sends it across as it passes. The root then sends through its switch port to one peer only:
+    handing out to eight, each send waits for the one before it through the port and for the root's own copy, a
+    ``nop`` step each, and 2048 chunks overflow the XML reader (4,450 elements); round one ring they fit fused,
+    98.7% of the limit simulated (1024 chunks crossing at once: 98.2%)."""
     routes = RootedRoutes(topology, root)
     g, n0 = routes.g, root // routes.g
     if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
@@ -600,6 +610,9 @@ def _broadcast_chains(topology: Topology, chunks: int, root: int) -> list[list[E
     paths = []
     for c in range(chunks):
         sender, entry = routes.rails[c % len(routes.rails)][n0]
+        if one_ring:
+            paths.append(ring(root, root) + [(sender, entry)] + ring(entry, entry))
+            continue
         path = [] if sender == root else [(root, sender)]
         paths.append(path + [(sender, entry)] + ring(sender, root) + ring(entry, entry))
     return paths
@@ -696,7 +709,7 @@ def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, 
     come, and the plan is what runs (2 x dgx2 Broadcast 1 GB: planned and simulated 98.2% of the limit; timed in
     each port's order, 83.7% planned)."""
     name = normalize_name(collective)
-    paths = chain_paths(topology, name, chunks, root)
+    paths = chain_paths(topology, name, chunks, root, fused)
     if paths is None:
         return None
     cross, rails, nic_slots = _chain_slots(topology, paths)
@@ -714,9 +727,12 @@ def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, 
             for u, v in path:
                 rank.append(have[u])
                 have[v] = have[u] + (nic_slots if topology.node_of(u) != topology.node_of(v) else 1.0)
+        channels = _fitting_channels(paths, CHAIN_CHANNELS + (MAX_CHANNELS,))
+        if fused:
+            notes["plan"] += "/fused"
         return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
-                             rule=CHAIN_RULES[name], channels=_fitting_channels(paths, CHAIN_CHANNELS + (MAX_CHANNELS,)),
-                             cut="position", notes=notes)
+                             rule=CHAIN_RULES[name], channels=channels[:1] if fused else channels,
+                             cut="fused" if fused else "position", notes=notes)
     # the far node's hops are due one slot apart up to the rail's crossing, the rail's c-th chunk after c rail
     # times; in the root's node the hop into the entry is due as the rail's partial sum arrives there, the others a
     # slot apart before and after it
@@ -876,8 +892,8 @@ def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, 
     squares; Broadcast 98.2% against 93.3%; 2 x dgx-h100, a NIC per GPU: Reduce 81.3% against 98.7%), and only as
     long pipelines: the fewest chunks for which the chain's fill and drain (round both nodes, and one crossing)
     cost at most :data:`CHAIN_FILL_SHARE` of the rails' time (the user's ``chunks``: that count), and twice as many
-    where :data:`CHAIN_MOST_CHUNKS` allows (2 x dgx2 Reduce 1 GB: 98.5% of the limit simulated with 2048 chunks,
-    97.1% with 1024). Half of them simulated slower everywhere measured (2 x dgx2 64 MB: Broadcast 95.2% against
+    where :data:`CHAIN_MOST_CHUNKS` allows (fused; 2 x dgx2 Reduce 1 GB: 98.5% of the limit simulated with 2048
+    chunks, 97.1% with 1024). Half of them simulated slower everywhere measured (2 x dgx2 64 MB: Broadcast 95.2% against
     97.0%, Reduce 91.1% against 94.2%; 1 GB: Broadcast 96.3% against 98.2%)."""
     root = root or 0
     g = topology.gpus_per_node
@@ -897,11 +913,10 @@ def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, 
         c *= 2
     if fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots:
         return ()
-    name = normalize_name(collective)
     node_link = _node_link(topology, paths[0])
     slot_us = size_bytes / (2 * c) / (node_link.capacity_GBps * BYTES_PER_US_PER_GBPS)
-    finer = name in CHAIN_MOST_CHUNKS and slot_us >= CHAIN_FINER_ALPHAS * node_link.alpha_us and \
-        2 * c <= most_chunks(topology, routes, size_bytes, CHAIN_MOST_CHUNKS[name])
+    finer = slot_us >= CHAIN_FINER_ALPHAS * node_link.alpha_us and \
+        2 * c <= most_chunks(topology, routes, size_bytes, CHAIN_MOST_CHUNKS)
     return (c, 2 * c) if finer else (c,)
 
 
@@ -933,9 +948,9 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         # against 92.1%)
         # (more chunks than MAX_CHUNKS fit only fused)
         chained = chain_chunk_options(topology, name, size_bytes, root, chunks)
+        designs = CHAIN_DESIGNS if name == "reduce" else CHAIN_DESIGNS[:1]
         plans = [(c, "sequence", 1.0, design) for c in chained
-                 for design in (CHAIN_DESIGNS if name == "reduce" else CHAIN_DESIGNS[:1])
-                 if c <= MAX_CHUNKS or design == "chain/fused"]
+                 for design in (designs if c <= MAX_CHUNKS else CHAIN_DESIGNS[1:])]
         if chunks or not chained:
             plans += [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
                                                               chunk_options(topology, name, size_bytes, root, target))]
