@@ -35,16 +35,17 @@ def two_small_dgx2():
 
 @pytest.mark.parametrize("name,root", [("dgx2", 0), ("dgx2", 5), ("dgx2", 19), ("dgx2-2node-tecc", 0),
                                        ("dgx2-2node-tecc", 7)])
-def test_every_rank_sends_each_chunk_once_and_takes_at_most_one_partial_sum(name, root):
+def test_every_rank_sends_each_chunk_once_and_takes_at_most_one_partial_sum_through_its_switch(name, root):
     topo = load_topology(name, nodes=2) if name == "dgx2" else load_topology(name)
     paths = chain_paths(topo, "reduce", 16, root)
     for path in paths:
         senders = Counter(u for u, _ in path)
         receivers = Counter(v for _, v in path)
+        switched = Counter(v for u, v in path if topo.node_of(u) == topo.node_of(v))
         assert all(topo.link(u, v) is not None for u, v in path)
         assert sorted(senders) == sorted(set(range(topo.num_ranks)) - {root}) and set(senders.values()) == {1}
-        assert root not in senders and max(n for v, n in receivers.items() if v != root) == 1
-        assert receivers[root] <= 2            # the root's own rail: its node's ring and the rail meet there
+        assert root not in senders and max(switched.values()) == 1
+        assert max(receivers.values()) <= 2    # the rail's entry: its node's ring and the rail meet there
         parent = dict(path)
         for rank in senders:                   # each partial sum reaches the root, no cycle
             seen = {rank}
@@ -75,6 +76,24 @@ def test_broadcast_chains_reach_every_rank_once_from_the_root(name, root):
     assert set(crossing.values()) == {2}
 
 
+@pytest.mark.parametrize("name,root", [("dgx2", 0), ("dgx2", 19), ("dgx2-2node-tecc", 7)])
+def test_fused_broadcast_chains_go_round_one_ring_so_the_root_sends_to_one_peer(name, root):
+    """The root's sends through its switch port all go to one peer, so none waits for the one before it (a ``nop``
+    each, which 2048 chunks cannot afford); every rank still takes each chunk once, and passes it on through its
+    switch port once."""
+    topo = load_topology(name, nodes=2) if name == "dgx2" else load_topology(name)
+    paths = chain_paths(topo, "broadcast", 16, root, fused=True)
+    for path in paths:
+        have = {root}
+        for u, v in path:
+            assert u in have and v not in have and topo.link(u, v) is not None
+            have.add(v)
+        assert have == set(range(topo.num_ranks))
+        assert set(Counter(topo.link(u, v).sender_port for u, v in path).values()) == {1}
+    root_peers = {v for path in paths for u, v in path if u == root and topo.node_of(v) == topo.node_of(root)}
+    assert len(root_peers) == 1
+
+
 @pytest.mark.parametrize("design", ["chain", "chain/fused"])
 def test_reduce_chains_run_correctly_and_as_planned(two_small_dgx2, design):
     topo = two_small_dgx2
@@ -86,10 +105,11 @@ def test_reduce_chains_run_correctly_and_as_planned(two_small_dgx2, design):
     assert xml.simulated_us <= lower_bound("reduce", topo, GIB, root=0).limit_us / 0.95
 
 
-def test_broadcast_chains_run_correctly_and_as_planned(two_small_dgx2):
+@pytest.mark.parametrize("design", ["chain", "chain/fused"])
+def test_broadcast_chains_run_correctly_and_as_planned(two_small_dgx2, design):
     # the plan times the relays as they come, as the runtime runs them
     topo = two_small_dgx2
-    schedule = compose(topo, "broadcast", 64, GIB, design="chain")
+    schedule = compose(topo, "broadcast", 64, GIB, design=design)
     plan = verify(schedule, topo, GIB)
     xml = emit_verified_xml(schedule, topo, "executor", GIB, plan_us=plan.time_us)
     assert abs(xml.simulated_us - plan.time_us) <= 0.03 * xml.simulated_us
@@ -99,7 +119,9 @@ def test_broadcast_chains_run_correctly_and_as_planned(two_small_dgx2):
 def test_chains_are_offered_where_some_gpus_carry_no_rail_and_the_pipeline_is_long():
     dgx2 = load_topology("dgx2", nodes=2)
     for collective in ("broadcast", "reduce"):
-        assert chain_chunk_options(dgx2, collective, GIB) == (1024,)
+        # fused relays hold 2048 chunks (32 channels of 64 steps), where chunks are large against latency
+        assert chain_chunk_options(dgx2, collective, GIB) == (1024, 2048)
+        assert chain_chunk_options(dgx2, collective, 64 << 20) == (1024,)
         assert chain_chunk_options(dgx2, collective, 1 << 20) == ()                  # fill and drain would dominate
         assert chain_chunk_options(dgx2, collective, 1 << 20, chunks=8) == (8,)
         assert chain_chunk_options(load_topology("dgx-h100", nodes=2), collective, GIB) == ()   # a NIC per GPU

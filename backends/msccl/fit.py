@@ -26,10 +26,10 @@ from typing import Iterable, Iterator
 
 from backends.msccl.findings import Finding
 from backends.msccl.ir import Gpu, MscclProgram, Threadblock
-from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_TBS_PER_CHANNEL_DIRECTION,
-                                   connection_findings, max_steps, nchannels_findings, ngpus_findings,
-                                   step_limit_findings, tb_limit_findings, tbs_per_gpu_findings,
-                                   xml_elements_findings)
+from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_STEPS_EXECUTOR,
+                                   MAX_TBS_PER_CHANNEL_DIRECTION, MAX_XML_ELEMENTS, connection_findings, max_steps,
+                                   nchannels_findings, ngpus_findings, step_limit_findings, tb_limit_findings,
+                                   tbs_per_gpu_findings, xml_elements, xml_elements_findings)
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, OverBudget, PlannedOps, lower_to_msccl
 from backends.msccl.merge import merge_contiguous
 from backends.msccl.step_floor import element_floor_reason
@@ -355,6 +355,46 @@ def unmerged_too_long(schedule: Schedule, target: str) -> bool:
     than the runtime has: then only merged steps can fit, and :func:`fit_lowering` without merging
     (``most_cnt=1``) would lower the schedule just to say so."""
     return ceil(_longest_connection(schedule) / max_steps(target)) > MAX_CHANNELS
+
+
+def connection_elements(per_connection: Counter, num_ranks: int, forwards: Counter | None = None,
+                        steps_per_tb: int = MAX_STEPS_EXECUTOR) -> int:
+    """The XML elements the busiest rank's load counts at least (:func:`~backends.msccl.limits.xml_elements`), from
+    the messages per connection ``(src, dst)``: plain, a step per message end and a threadblock per send or receive
+    peer; with ``forwards`` (per rank, the chunks it receives and passes on down chains whose fused steps share
+    their channels, :func:`synth.synthesis.trees.rank_elements`), the fewer of that and the fused count, a step
+    fewer per forward and a threadblock per ``steps_per_tb`` steps.
+
+    >>> connection_elements(Counter({(0, 1): 2048, (1, 2): 2048}), 3)       # rank 1: 4096 steps, 2 peers
+    4101
+    >>> connection_elements(Counter({(0, 1): 2048, (1, 2): 2048}), 3, Counter({1: 2048}))   # 32 tbs of rcs
+    2084
+    """
+    ends, send_peers, receive_peers = Counter(), Counter(), Counter()
+    for (src, dst), messages in per_connection.items():
+        ends[src] += messages
+        ends[dst] += messages
+        send_peers[src] += 1
+        receive_peers[dst] += 1
+
+    def elements(r: int) -> int:
+        peers = max(send_peers[r], receive_peers[r])
+        plain = xml_elements(num_ranks, peers, ends[r])
+        if forwards is None:
+            return plain
+        steps = ends[r] - forwards[r]
+        return min(plain, xml_elements(num_ranks, max(peers, ceil(steps / steps_per_tb)), steps))
+
+    return max(elements(r) for r in range(num_ranks))
+
+
+def plain_too_long(schedule: Schedule) -> bool:
+    """Whether the plain lowering without merged steps holds more XML elements on some rank than the runtimes'
+    reader (:func:`connection_elements`): then plain sends and receives fit only merged (2 x dgx2 Reduce 1 GB as
+    chains of 2048 chunks: its fused lowering fits, and the fit search for plain merged steps took 85 s to find
+    nothing faster)."""
+    per_connection = Counter((t.src, t.dst) for t in schedule.transfers)
+    return connection_elements(per_connection, schedule.collective.num_ranks) > MAX_XML_ELEMENTS
 
 
 def _longest_connection(schedule: Schedule) -> int:

@@ -262,6 +262,19 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
         on_fused[id(op.recv)] = ch
         on_fused[id(op.send)] = ch
     spread = spread or {}
+    # Where every channel is a set's, a plain transfer goes on its chunk's set's channel (by position, a chain's
+    # chunks that start or end there fell on a few channels: 2 x dgx2 Reduce, 128 steps on one threadblock)
+    channel_of_replica: dict[int, int] = {}
+    if replicas >= MAX_CHANNELS:
+        for ch in sorted(replica_of_channel):
+            channel_of_replica.setdefault(replica_of_channel[ch], ch)
+
+    def plain_channel(t: Transfer) -> int:
+        ch = on_fused.get(id(t))
+        if ch is None and channel_of_replica:
+            ch = channel_of_replica.get(spread_index(t.chunk, replicas, group))
+        return spread.get(id(t), 0) if ch is None else ch
+
     for plan in plans:
         r = plan.rank
         for op in plan.ops:
@@ -269,14 +282,10 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
             if recv is not None and send is not None:
                 op.tb_key = (channel_of[id(op)], recv.src, send.dst)
             elif recv is not None:
-                ch = on_fused.get(id(recv))
-                if ch is None:
-                    ch = spread.get(id(recv), 0)
+                ch = plain_channel(recv)
                 op.tb_key = (ch, recv.src, partner_of_in.get((r, ch, recv.src), -1))
             elif send is not None:
-                ch = on_fused.get(id(send))
-                if ch is None:
-                    ch = spread.get(id(send), 0)
+                ch = plain_channel(send)
                 op.tb_key = (ch, partner_of_out.get((r, ch, send.dst), -1), send.dst)
             else:   # a local copy
                 op.tb_key = (0, -1, -1)

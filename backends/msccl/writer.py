@@ -40,7 +40,7 @@ from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_AL
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT, MAX_XML_CHILDREN
 from backends.msccl.fit import (Fit, Lowering, all_in_flight_channels, fit_lowering, has_multi_chunk_messages, hopeless,
                                in_flight_channels, iter_wider_fits, lowered_fit, measured_wider_fits,
-                               unmerged_too_long, whole_message_fit, wider_channels)
+                               plain_too_long, unmerged_too_long, whole_message_fit, wider_channels)
 from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
@@ -147,6 +147,9 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     timed: list[tuple[tuple, float | None, Fit]] = []    # (sort key, simulated us, fit), not yet judged
     programs: list[MscclProgram] = []                     # every program timed (the same one is not timed twice)
     exhausted, first_round, cut = False, True, False
+    # where plain steps fit only merged, the fused lowering in link order is made before them (it may settle the
+    # choice: 2 x dgx2 Reduce 1 GB, 2048 chunks, a fit search for merged plain steps of 75 s that could not win)
+    order_early = bool(size_bytes) and plain_too_long(schedule)
     while not exhausted:
         for fit, later in variants:
             if any(fit.program == p for p in programs):
@@ -156,6 +159,13 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
                 progress(f"    simulating the {fit.lowering.label} lowering ({fit.program.num_steps} steps)")
             time_us = _simulated_us(fit.program, topology, size_bytes)
             timed.append((_sort_key(time_us, fit.lowering), time_us, fit))
+            if first_round and order_early:
+                ordered = _in_link_order(schedule, topology, target, timed, plan_us, options)
+                if ordered is not None and not any(ordered.program == p for p in programs):
+                    programs.append(ordered.program)
+                    progress(f"    simulating the {ordered.lowering.label} lowering")
+                    ordered_us = _simulated_us(ordered.program, topology, size_bytes)
+                    timed.append((_sort_key(ordered_us, ordered.lowering), ordered_us, ordered))
             expired = deadline is not None and deadline.expired
             settled = first_round and _settled(timed, floors, later, plan_us)
             if first_round and (expired or settled):
@@ -212,8 +222,10 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     if unmerged and unmerged.program is not None:
         _check_name(unmerged.program.name)
     merged_may_come = () if unmerged and unmerged.fits else (Lowering(True, max_cnt=2),)
+    # (a plain lowering too long for the XML reader comes only merged, so no faster than the plan)
+    plain_may_come = Lowering(False, max_cnt=2) if plain_too_long(schedule) else Lowering(False)
     if unmerged and unmerged.fits:
-        yield from _with_spreads(schedule, topology, target, unmerged, (Lowering(False),) + whole, options)
+        yield from _with_spreads(schedule, topology, target, unmerged, (plain_may_come,) + whole, options)
     plain = fitting(False)
     _check_name(plain.program.name)
     if plain.fits:

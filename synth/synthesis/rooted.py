@@ -32,9 +32,12 @@ collect in each node to its rail, cross, and collect at the root; they are booke
 in long pipelines: each chunk goes round each node's ring, crossing on its rail in between, so every GPU takes a
 chunk (a partial sum) once and passes it on once. A tree's receiver reduces several partial sums of one chunk in
 turn, and at the runtime's FIFO depth that stalled the rails (2 x dgx2 Reduce 1 GB: reversed Latin squares 77.6% of
-the limit simulated, chains 95.4%, timed as their fused lowering runs them). Broadcast's chains cross at once (the rail's sender passes the chunk on across
-and round its node) and are timed as the runtime relays them, as they come (98.2% of the limit, planned and
-simulated).
+the limit simulated). Reduce's partial sums go round the far node to the rail, and in the root's node round one
+ring to the root that each rail's partial sum joins at its entry (98.5% of the limit simulated with 2048 chunks,
+timed as their fused lowering runs them). Broadcast's chains cross at once (the rail's sender passes the chunk on
+across and round its node) and are timed as the runtime relays them, as they come (98.2% of the limit, planned
+and simulated); with 2048 chunks, fused, they go round one ring of the root's node, each rail's sender sending
+across as the chunk passes (98.7%).
 
 Scatter (Gather backwards, on the reversed machine) sends each chunk on a path: straight to the root node's GPUs,
 and to other nodes over the root's own NIC or handed to another rail's sender, in the proportion that makes the
@@ -51,16 +54,16 @@ import itertools
 import math
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from backends.msccl.limits import max_steps
+from backends.msccl.limits import MAX_CHANNELS, max_steps
 from synth.bounds.physical import lower_bound
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology, reverse_topology
-from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, load_bound_us
 from synth.schedule.ir import Schedule
 from synth.schedule.list_scheduler import RUNTIME_FIFO_DEPTH, list_schedule, reverse_in_time
 from synth.schedule.replay import ReplayReport, verify
@@ -77,6 +80,14 @@ SEARCHED_ALONE = ("broadcast", "reduce")
 # share of the bound; more chunks only add messages.
 PIPELINE_SHARE = 0.01
 MAX_CHUNKS = 1024
+# Chains with more chunks than MAX_CHUNKS, as their fused lowering holds them (a relay's 2048 ``rcs``/``rrs`` steps
+# are 32 channels of 64; 2 x dgx2 1 GB with 2048 chunks: Reduce 98.5% of the limit simulated, 97.1% with 1024;
+# Broadcast 98.7%, 98.2%), only where a chunk through a switch port still takes CHAIN_FINER_ALPHAS times a hop's
+# latency: below, every relay adds more latency than the finer pipeline saves (2 x dgx2 Reduce 256 MB: 98.3% with
+# 2048 chunks, 96.8% with 1024; 64 MB, a chunk through a port in 0.27 us against 0.35 us of latency: 93.3% against
+# 95.6%).
+CHAIN_MOST_CHUNKS = 2048
+CHAIN_FINER_ALPHAS = 2.0
 LATENCY_BOUND_CHUNKS = 16    # Latin squares: chunks kept however small they are (below them latency rules anyway)
 ELEMENT_BYTES = 4
 LABEL = "rooted/"    # the start of every candidate's label
@@ -95,8 +106,11 @@ OWN_RAIL_SCALES = (1.0, 0.8125, 0.75)
 # :func:`_fitting_channels`), and the most their fill and drain may cost of the rails' time
 CHAIN_CHANNELS = (1, 2, 4, 8, 16)
 CHAIN_FILL_SHARE = 0.05
-# Chains as composed (:func:`compose`): Reduce's timed in each port's order, or as its fused lowering runs
+# Chains as composed (:func:`compose`): timed in each port's order (Broadcast: as its plain lowering relays them),
+# or as their fused lowering runs them (Broadcast: round one ring of the root's node, :func:`_broadcast_chains`)
 CHAIN_DESIGNS = ("chain", "chain/fused")
+# One chunk in the fewest alphas (:func:`star_tree`): the latency regime's design, tried beside the pipelines
+STAR = "star"
 # How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
 # 93.4% of the limit simulated, each port in the due order 88.6%; timed as fused, 95.4% against 88.3%). Broadcast: the root's hand-outs in the due
 # order, the relays as their chunks come (2 x dgx2 1 GB: 98.2% planned and simulated; booked greedily by least
@@ -540,41 +554,93 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
             raise InputError("--method", "", f"rooted chains cover Broadcast and Reduce on two NVSwitch nodes, not "
                              f"{topology.name}")
         return chained
+    broadcast = _star_broadcast if design == STAR else _broadcast
     if name == "reduce":
-        reversed_topology = reverse_topology(topology)
-        forward = _broadcast(reversed_topology, chunks, size_bytes, root)
+        forward = broadcast(reverse_topology(topology), chunks, size_bytes, root)
         # booked greedily, partial sums meet as they come: least slack first by the reversal's times (2 x dgx-h100
         # Reduce 1 GB, 512 chunks: 97.5% of the limit simulated, by the busiest resource first 90.2%), or the
         # busiest resource first (with 1024 chunks 98.7%, least slack first 86.7%), whichever plan is faster
         booked = [reverse_in_time(forward, topology, make_collective(name, topology.num_ranks, chunks, root),
                                   size_bytes, "rooted", rule=rule) for rule in REDUCE_RULES]
         return min(booked, key=lambda s: max((t.end_us for t in s.transfers), default=0.0))
-    return _broadcast(topology, chunks, size_bytes, root)
+    return broadcast(topology, chunks, size_bytes, root)
 
 
-def chain_paths(topology: Topology, collective: str, chunks: int, root: int) -> list[list[Edge]] | None:
+def star_tree(topology: Topology, root: int) -> list[Edge] | None:
+    """One chunk's out-tree in the fewest alphas on NVSwitch nodes, or None where the network does not reach
+    every node's entry from the root: the root sends across first, to the GPU at its own place in each other
+    node, then straight to every GPU of its node, and each entry straight to the rest of its node. Two alphas of
+    any route, against a Latin square's three (2 x dgx2 Broadcast 1 KB: 3.155 us against 3.447, the direct
+    bound 2.950: below 2.95 us every far GPU would need its own copy through the root's NIC, 3.911 us)."""
+    g = topology.gpus_per_node
+    if node_trees(topology).kind != "star" or g < 2:
+        return None
+    base = root - root % g
+    entries = [n * g + root % g for n in range(topology.num_nodes) if n * g != base]
+    if any(topology.link(root, e) is None for e in entries):
+        return None
+    tree = [(root, e) for e in entries]
+    for head in [root] + entries:
+        first = head - head % g
+        tree += [(head, first + u) for u in range(g) if first + u != head]
+    return tree
+
+
+def _latency_regime(topology: Topology, tree: list[Edge] | None, size_bytes: float) -> bool:
+    """Whether a one-chunk ``tree`` keeps its busiest link or port busy for no longer than the alphas of its
+    deepest path (two hops): where the star is worth trying (2 x dgx2 at 1 KB: 0.2 us of bytes against 2.95 us of
+    alphas; at 64 KB 13 us, where pipelines win)."""
+    if tree is None:
+        return False
+    busy_us = load_bound_us(tree, topology, size_bytes, latency=False)
+    return busy_us <= sum(topology.link(*edge).alpha_us for edge in tree[:1] + [tree[-1]])
+
+
+def _star_broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
+    """Broadcast of one chunk down :func:`star_tree`, every sender's sends in the tree's order."""
+    tree = star_tree(topology, root)
+    if tree is None or chunks != 1:
+        raise InputError("--method", "", f"the rooted star covers one chunk on NVSwitch nodes the network joins "
+                         f"GPU to GPU, not {chunks} chunk(s) on {topology.name}")
+    return list_schedule(topology, make_collective("broadcast", topology.num_ranks, 1, root),
+                         [tuple(topology.link_index[e] for e in tree)], size_bytes, "rooted",
+                         rank=np.arange(len(tree), dtype=float), rule="sequence",
+                         notes={"plan": f"{LABEL}{STAR}"})
+
+
+def chain_paths(topology: Topology, collective: str, chunks: int, root: int, fused: bool = False
+                ) -> list[list[Edge]] | None:
     """Broadcast or Reduce on two NVSwitch nodes as chains, the edges of each chunk (Reduce: a path towards the
     root; Broadcast: a tree from it, parents first), or None where the machine is not two NVSwitch nodes.
+    ``fused``: Broadcast's chains as their fused lowering holds them (:func:`_broadcast_chains`).
 
-    Reduce: chunk ``c`` takes rail ``c mod R``; in the far node its partial sum goes round the node's ring (GPU
-    ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender, crosses, and in the root's node goes
-    round from the rail's entry to the GPU before it (skipping the root), then to the root. Every GPU but the root
-    receives one partial sum of a chunk and sends one (the root's own rail: two into the root), so no receiver
-    waits for one partial sum before it may take another, which a tree's reductions do (the reversed Latin
-    squares and spreads ran 4-13% faster than they planned and stalled their NICs: 2 x dgx2 Reduce 1 GB,
-    77.6-82.9% of the limit). Broadcast: :func:`_broadcast_chains`."""
+    Reduce (:func:`_reduce_chains`): chunk ``c`` takes rail ``c mod R``; in the far node its partial sum goes round
+    the node's ring (GPU ``u`` to ``u + 1``) from the GPU after the rail's sender to the sender and crosses; the
+    root's node sends every chunk round one ring to the root, which the rail's partial sum joins at its entry. Every
+    GPU but the entries and the root receives one partial sum of a chunk and sends one, so no receiver waits for
+    one partial sum before it may take another, which a tree's reductions do (the reversed Latin squares and spreads
+    ran 4-13% faster than they planned and stalled their NICs: 2 x dgx2 Reduce 1 GB, 77.6-82.9% of the limit); an
+    entry takes the rail's partial sum from its NIC, not through its switch port. Broadcast:
+    :func:`_broadcast_chains`."""
     if normalize_name(collective) == "broadcast":
-        return _broadcast_chains(topology, chunks, root)
+        return _broadcast_chains(topology, chunks, root, one_ring=fused)
     return _reduce_chains(topology, chunks, root)
 
 
-def _broadcast_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
+def _broadcast_chains(topology: Topology, chunks: int, root: int, one_ring: bool = False
+                      ) -> list[list[Edge]] | None:
     """Broadcast's chains (:func:`chain_paths`): the root hands chunk ``c`` to the sender of rail ``c mod R``,
     which sends it across at once and round the rest of the root's node (GPU ``u`` to ``u - 1``, skipping the
     root); the rail's entry sends it round its node. Every GPU takes a chunk once and passes it on through its
     switch port at most once (the sender also through its NIC), so every port serves one chunk per chunk, and
     a rail's first chunk waits for one hop, not fifteen: when each chunk went round the root's node before it
-    crossed, 2 x dgx2 Broadcast 1 GB simulated at 96.3% of the limit; crossing at once, 98.2%."""
+    crossed, 2 x dgx2 Broadcast 1 GB simulated at 96.3% of the limit; crossing at once, 98.2%.
+
+    ``one_ring``: every chunk goes round one ring of the root's node from the root (GPU ``u`` to ``u - 1``), and
+    the rail's sender sends it across as it passes. The root then sends through its switch port to one peer only:
+    handing out to eight, each send waits for the one before it through the port and for the root's own copy, a
+    ``nop`` step each, and 2048 chunks overflow the XML reader (4,450 elements); round one ring they fit fused,
+    98.7% of the limit simulated (1024 chunks crossing at once: 98.2%)."""
     routes = RootedRoutes(topology, root)
     g, n0 = routes.g, root // routes.g
     if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
@@ -588,13 +654,25 @@ def _broadcast_chains(topology: Topology, chunks: int, root: int) -> list[list[E
     paths = []
     for c in range(chunks):
         sender, entry = routes.rails[c % len(routes.rails)][n0]
+        if one_ring:
+            paths.append(ring(root, root) + [(sender, entry)] + ring(entry, entry))
+            continue
         path = [] if sender == root else [(root, sender)]
         paths.append(path + [(sender, entry)] + ring(sender, root) + ring(entry, entry))
     return paths
 
 
 def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge]] | None:
-    """Reduce's chains (:func:`chain_paths`)."""
+    """Reduce's chains (:func:`chain_paths`): in the far node chunk ``c``'s partial sum goes round the node's ring
+    from the GPU after the sender of rail ``c mod R`` to the sender and crosses; in the root's node every chunk goes
+    round one ring, from the GPU after the root to the root, and the rail's partial sum joins it at the rail's
+    entry (the root's own rail: at the root). Edges: the far node's, the crossing, then the root node's ring.
+
+    Every GPU of the root's node then sends to one peer and receives from one (and from its NIC), so no switch
+    port waits for another: when each rail's partial sum went round the root's node from its entry, eight GPUs
+    took turns at the root's port, and a send waiting there held its GPU's port too (2 x dgx2 Reduce 1 GB, 2048
+    chunks: 89.5% of the limit planned, 98.5% this way); and the ring's partial sums come from the start, not
+    after the crossing."""
     routes = RootedRoutes(reverse_topology(topology), root)
     g, n0 = routes.g, root // routes.g
     if routes.k != 2 or routes.nodes.kind != "star" or g < 3:
@@ -603,6 +681,8 @@ def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge
     def after(u: int) -> int:
         return u - u % g + (u % g + 1) % g
 
+    ring = [root - root % g + (root % g + k) % g for k in range(1, g)] + [root]
+    near = list(zip(ring, ring[1:]))
     paths = []
     for c in range(chunks):
         entry, sender = routes.rails[c % len(routes.rails)][n0]     # on the reversed machine: root side, far side
@@ -610,13 +690,35 @@ def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge
         while u != sender:
             path.append((u, after(u)))
             u = after(u)
-        path.append((sender, entry))
-        # round the root's node from the rail's entry to the GPU before it, skipping the root, then to the root
-        # (the root's own rail: its node's ring from the GPU after the root joins there too)
-        ring = [v for v in (entry - entry % g + (entry % g + k) % g for k in range(g)) if v != root]
-        path += list(zip(ring, ring[1:])) + [(ring[-1], root)]
-        paths.append(path)
+        paths.append(path + [(sender, entry)] + near)
     return paths
+
+
+def _rail_receives_last(schedule: Schedule, topology: Topology) -> Schedule:
+    """``schedule`` with every receive over a rail numbered after the other receives of its chunk at its rank.
+
+    The fused lowering forwards a chunk from its last receive (in step order), and the chunks of one channel share
+    their threadblocks only where they are forwarded alike: from the rail at every entry. The booking numbers a
+    node's partial sum after the rail's now and then though it came first (2 of 2048 chunks on 2 x dgx2), and that
+    chain then cannot share its channel: the lowering unfused it, and the rest one by one, to plain steps that did
+    not fit. Times are kept; the step is the latest of the others' (the one after it where the chunk's sends from
+    there come later still)."""
+    into: dict[tuple[int, int], list[int]] = {}
+    leaves: dict[tuple[int, int], int] = {}
+    transfers = list(schedule.transfers)
+    for k, t in enumerate(transfers):
+        into.setdefault((t.dst, t.chunk), []).append(k)
+        leaves[(t.src, t.chunk)] = min(leaves.get((t.src, t.chunk), t.step), t.step)
+    for key, ks in into.items():
+        rail = [k for k in ks if topology.node_of(transfers[k].src) != topology.node_of(transfers[k].dst)]
+        if len(ks) < 2 or len(rail) != 1:
+            continue
+        t = transfers[rail[0]]
+        latest = max(transfers[k].step for k in ks if k != rail[0])
+        if t.step <= latest:
+            step = latest + 1 if latest + 1 < leaves.get(key, latest + 2) else latest
+            transfers[rail[0]] = replace(t, step=step)
+    return replace(schedule, transfers=tuple(transfers))
 
 
 def _chain_slots(topology: Topology, paths: list[list[Edge]]) -> tuple[list[int], int, float]:
@@ -651,7 +753,7 @@ def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, 
     come, and the plan is what runs (2 x dgx2 Broadcast 1 GB: planned and simulated 98.2% of the limit; timed in
     each port's order, 83.7% planned)."""
     name = normalize_name(collective)
-    paths = chain_paths(topology, name, chunks, root)
+    paths = chain_paths(topology, name, chunks, root, fused)
     if paths is None:
         return None
     cross, rails, nic_slots = _chain_slots(topology, paths)
@@ -669,17 +771,29 @@ def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, 
             for u, v in path:
                 rank.append(have[u])
                 have[v] = have[u] + (nic_slots if topology.node_of(u) != topology.node_of(v) else 1.0)
+        channels = _fitting_channels(paths, CHAIN_CHANNELS + (MAX_CHANNELS,))
+        if fused:
+            notes["plan"] += "/fused"
         return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
-                             rule=CHAIN_RULES[name], channels=_fitting_channels(paths, CHAIN_CHANNELS + (32,)),
-                             cut="position", notes=notes)
-    rank = [slot_us * (c // rails * nic_slots + g - 1 + h - x + (nic_slots - 1 if h > x else 0.0))
-            for c, (path, x) in enumerate(zip(paths, cross)) for h in range(len(path))]
-    timing = dict(channels=_fitting_channels(paths, CHAIN_CHANNELS)[:1], cut="fused") if fused else \
-        dict(channels=CHAIN_CHANNELS)
+                             rule=CHAIN_RULES[name], channels=channels[:1] if fused else channels,
+                             cut="fused" if fused else "position", notes=notes)
+    # the far node's hops are due one slot apart up to the rail's crossing, the rail's c-th chunk after c rail
+    # times; in the root's node the hop into the entry is due as the rail's partial sum arrives there, the others a
+    # slot apart before and after it
+    rank = []
+    for c, (path, x) in enumerate(zip(paths, cross)):
+        crossing = c // rails * nic_slots + g - 1
+        ring = [path[x + 1][0]] + [v for _, v in path[x + 1:]]
+        at = ring.index(path[x][1])
+        rank += [crossing - x + h for h in range(x + 1)]
+        rank += [crossing + nic_slots + k - at for k in range(len(path) - x - 1)]
+    timing = dict(channels=_fitting_channels(paths, CHAIN_CHANNELS + (MAX_CHANNELS,))[:1], cut="fused") if fused \
+        else dict(channels=CHAIN_CHANNELS)
     if fused:
         notes["plan"] += "/fused"
-    return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=np.array(rank),
-                         rule=CHAIN_RULES[name], notes=notes, **timing)
+    booked = list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
+                           rule=CHAIN_RULES[name], notes=notes, **timing)
+    return _rail_receives_last(booked, topology)
 
 
 def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
@@ -799,16 +913,16 @@ def latin_threadblocks(peers: int, chunks: int, target: str) -> int:
     return 2 * peers * per_connection
 
 
-def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float) -> int:
+def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float, cap: int = MAX_CHUNKS) -> int:
     """The most chunks worth making at ``size_bytes``: no more than 4-byte elements (the runtime selects the
-    program only where the chunks divide the count), at most :data:`MAX_CHUNKS`, and few enough that the
+    program only where the chunks divide the count), at most ``cap``, and few enough that the
     runtime's FIFO of messages on a rail covers its latency (a connection holds :data:`RUNTIME_FIFO_DEPTH`
     messages, so smaller ones leave the NIC waiting for the receiver: 2 x dgx-h100 Reduce 1 MB with 64 chunks
     planned 6.3 us and simulated 11.4 us; with 16, 7.9 us both)."""
     n0 = routes.root // routes.g
     rail_bytes = max(link.alpha_us * link.capacity_GBps * BYTES_PER_US_PER_GBPS
                      for link in (topology.link(*rail[n0]) for rail in routes.rails))
-    most = min(MAX_CHUNKS, size_bytes // ELEMENT_BYTES, RUNTIME_FIFO_DEPTH * size_bytes / rail_bytes)
+    most = min(cap, size_bytes // ELEMENT_BYTES, RUNTIME_FIFO_DEPTH * size_bytes / rail_bytes)
     c = 1
     while 2 * c <= most:
         c *= 2
@@ -821,9 +935,10 @@ def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, 
     (2 x dgx2 1 GB: Reduce 95.4% of the limit simulated as chains of 1024 chunks, at most 79.6% as reversed Latin
     squares; Broadcast 98.2% against 93.3%; 2 x dgx-h100, a NIC per GPU: Reduce 81.3% against 98.7%), and only as
     long pipelines: the fewest chunks for which the chain's fill and drain (round both nodes, and one crossing)
-    cost at most :data:`CHAIN_FILL_SHARE` of the rails' time (the user's ``chunks``: that count). Half of them
-    simulated slower everywhere measured (2 x dgx2 64 MB: Broadcast 95.2% against 97.0%, Reduce 91.1% against
-    94.2%; 1 GB: Broadcast 96.3% against 98.2%)."""
+    cost at most :data:`CHAIN_FILL_SHARE` of the rails' time (the user's ``chunks``: that count), and twice as many
+    where :data:`CHAIN_MOST_CHUNKS` allows (fused; 2 x dgx2 Reduce 1 GB: 98.5% of the limit simulated with 2048
+    chunks, 97.1% with 1024). Half of them simulated slower everywhere measured (2 x dgx2 64 MB: Broadcast 95.2% against
+    97.0%, Reduce 91.1% against 94.2%; 1 GB: Broadcast 96.3% against 98.2%)."""
     root = root or 0
     g = topology.gpus_per_node
     paths = chain_paths(topology, collective, g, root)     # a chunk on every rail
@@ -835,11 +950,18 @@ def chain_chunk_options(topology: Topology, collective: str, size_bytes: float, 
     if chunks:
         return (chunks,)
     fill_slots = 2 * (g - 1) + nic_slots
-    most = most_chunks(topology, RootedRoutes(topology, root), size_bytes)
+    routes = RootedRoutes(topology, root)
+    most = most_chunks(topology, routes, size_bytes)
     c = 1
     while 2 * c <= most and fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots:
         c *= 2
-    return () if fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots else (c,)
+    if fill_slots > CHAIN_FILL_SHARE * c / rails * nic_slots:
+        return ()
+    node_link = _node_link(topology, paths[0])
+    slot_us = size_bytes / (2 * c) / (node_link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+    finer = slot_us >= CHAIN_FINER_ALPHAS * node_link.alpha_us and \
+        2 * c <= most_chunks(topology, routes, size_bytes, CHAIN_MOST_CHUNKS)
+    return (c, 2 * c) if finer else (c,)
 
 
 def _busiest_hand_out(routes: RootedRoutes, chunks: int) -> int:
@@ -868,12 +990,16 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         # Reduce's chains timed both ways (each port in order, or as the fused lowering runs them): neither plan is
         # the faster file everywhere (2 x dgx2 1 GB: 93.4% of the limit simulated against 95.4%; 64 MB: 94.2%
         # against 92.1%)
+        # (more chunks than MAX_CHUNKS fit only fused)
         chained = chain_chunk_options(topology, name, size_bytes, root, chunks)
+        designs = CHAIN_DESIGNS if name == "reduce" else CHAIN_DESIGNS[:1]
         plans = [(c, "sequence", 1.0, design) for c in chained
-                 for design in (CHAIN_DESIGNS if name == "reduce" else CHAIN_DESIGNS[:1])]
+                 for design in (designs if c <= MAX_CHUNKS else CHAIN_DESIGNS[1:])]
         if chunks or not chained:
             plans += [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
                                                               chunk_options(topology, name, size_bytes, root, target))]
+        if chunks == 1 or (chunks is None and _latency_regime(topology, star_tree(topology, root or 0), size_bytes)):
+            plans.append((1, "sequence", 1.0, STAR))
     found = []
     for c, rule, f, design in plans:
         t0 = time.perf_counter()

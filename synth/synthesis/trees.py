@@ -25,11 +25,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, replace
-from math import ceil
 
 import numpy as np
 
-from backends.msccl.limits import MAX_XML_ELEMENTS, xml_elements
+from backends.msccl.fit import connection_elements
+from backends.msccl.limits import MAX_XML_ELEMENTS
 from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.errors import InputError
 from synth.formulations.trees import REVERSAL_OF, Commodity, Packing, broadcast_commodities, decompose, solve_packing
@@ -224,7 +224,7 @@ def rank_elements(schedule: Schedule, target: str = "executor") -> int:
     for t in schedule.transfers:
         edges.setdefault(t.chunk, []).append((t.src, t.dst))
     routes = Counter(tuple(e) for e in edges.values())
-    return _connection_elements(Counter((t.src, t.dst) for t in schedule.transfers), schedule.collective.num_ranks,
+    return connection_elements(Counter((t.src, t.dst) for t in schedule.transfers), schedule.collective.num_ranks,
                                 _chain_forwards(routes.items()), STEPS_PER_TB[target])
 
 
@@ -255,28 +255,6 @@ def _chain_forwards(routes) -> Counter | None:
                 return None
             forwards[rank] += count
     return forwards
-
-
-def _connection_elements(per_connection: Counter, num_ranks: int, forwards: Counter | None = None,
-                         steps_per_tb: int = STEPS_PER_TB["executor"]) -> int:
-    """:func:`rank_elements` from the messages per connection ``(src, dst)`` and the chunks each rank forwards on
-    chains (:func:`_chain_forwards`; None: not chains)."""
-    ends, send_peers, receive_peers = Counter(), Counter(), Counter()
-    for (src, dst), messages in per_connection.items():
-        ends[src] += messages
-        ends[dst] += messages
-        send_peers[src] += 1
-        receive_peers[dst] += 1
-
-    def elements(r: int) -> int:
-        plain = xml_elements(num_ranks, max(send_peers[r], receive_peers[r]), ends[r])
-        if forwards is None:
-            return plain
-        steps = ends[r] - forwards[r]
-        return min(plain, xml_elements(num_ranks, max(send_peers[r], receive_peers[r], ceil(steps / steps_per_tb)),
-                                       steps))
-
-    return max(elements(r) for r in range(num_ranks))
 
 
 def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesResult | None:
@@ -350,7 +328,7 @@ def _routes_fit(packings: list[_Packed], num_ranks: int, target: str) -> bool:
     if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
         return False
     forwards = _chain_forwards(route for p in packings for route in p.routes())
-    return _connection_elements(per_connection, num_ranks, forwards, STEPS_PER_TB[target]) <= MAX_XML_ELEMENTS
+    return connection_elements(per_connection, num_ranks, forwards, STEPS_PER_TB[target]) <= MAX_XML_ELEMENTS
 
 
 def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions, packed: dict
