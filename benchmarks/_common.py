@@ -29,9 +29,11 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
 
 
-def write_json(name: str, rows: list[dict]) -> Path:
+def write_json(name: str, rows: list[dict], **meta_extra) -> Path:
+    """``results/{name}.json``: the rows, and meta (Python, machine, date, and ``meta_extra``)."""
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{name}.json"
-    meta = {"python": platform.python_version(), "machine": platform.machine(), "when": time.strftime("%Y-%m-%d")}
+    meta = {"python": platform.python_version(), "machine": platform.machine(), "when": time.strftime("%Y-%m-%d"),
+            **meta_extra}
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return path

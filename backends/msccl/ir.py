@@ -48,6 +48,15 @@ class Step:
     hasdep: int = 0
     line: int = 0  # source line when parsed, 0 when generated
 
+    def __init__(self, s: int, type: str, srcbuf: str, srcoff: int, dstbuf: str, dstoff: int, cnt: int,
+                 depid: int = -1, deps: int = -1, hasdep: int = 0, line: int = 0):
+        # every field at once: the generated __init__ of a frozen dataclass sets them one by one through
+        # object.__setattr__, at twice the cost, and a program holds tens of thousands of steps, each made by the
+        # lowering and again by the parser (a test keeps this signature equal to the fields)
+        object.__setattr__(self, "__dict__", {"s": s, "type": type, "srcbuf": srcbuf, "srcoff": srcoff,
+                                              "dstbuf": dstbuf, "dstoff": dstoff, "cnt": cnt, "depid": depid,
+                                              "deps": deps, "hasdep": hasdep, "line": line})
+
 
 @dataclass(frozen=True)
 class Threadblock:

@@ -41,6 +41,14 @@ class Transfer:
     start_us: float | None = None
     end_us: float | None = None
 
+    def __init__(self, chunk: int, src: int, dst: int, step: int, op: str = COPY, start_us: float | None = None,
+                 end_us: float | None = None):
+        # every field at once: the generated __init__ of a frozen dataclass sets them one by one through
+        # object.__setattr__, at twice the cost, and a schedule holds tens of thousands of transfers (a test keeps
+        # this signature equal to the fields)
+        object.__setattr__(self, "__dict__", {"chunk": chunk, "src": src, "dst": dst, "step": step, "op": op,
+                                              "start_us": start_us, "end_us": end_us})
+
 
 @dataclass(frozen=True)
 class Schedule:

@@ -560,9 +560,14 @@ def number_steps(topology: Topology, link: np.ndarray, preds, order, reduced_chu
         keys = resources[li]
         if reduced_chunk is not None and reduced_chunk[i] >= 0:
             keys = (*keys, ("r", links[li].dst, reduced_chunk[i]))
-        s = max((steps[p] + 1 for p in preds[i]), default=0)
+        s = 0
+        for p in preds[i]:
+            if steps[p] >= s:
+                s = steps[p] + 1
         for k in keys:
-            s = max(s, last.get(k, -1) + 1)
+            after = last.get(k, -1) + 1
+            if after > s:
+                s = after
         steps[i] = s
         for k in keys:
             last[k] = s

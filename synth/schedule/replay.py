@@ -89,17 +89,14 @@ def replay_data(schedule: Schedule) -> list[str]:
             continue
         by_step[t.step].append(t)
     for step in sorted(by_step):
-        snapshot = {}
+        moves = []      # (transfer, what its source holds at the start of the step)
         for t in by_step[step]:
             held = state.get((t.src, t.chunk))
             if not held:
                 problems.append(f"step {step}: rank {t.src} sends chunk {t.chunk} to {t.dst} before holding it")
                 continue
-            snapshot[(t.src, t.chunk)] = held
-        for t in by_step[step]:
-            sent = snapshot.get((t.src, t.chunk))
-            if sent is None:
-                continue
+            moves.append((t, held))
+        for t, sent in moves:
             key = (t.dst, t.chunk)
             held = state.get(key)
             if t.op == REDUCE and held is not None:
