@@ -16,7 +16,7 @@ from synth.model.topology import compose_nodes, load_topology, topology_from_dic
 from synth.schedule.ir import REDUCE, Schedule, Transfer
 from synth.schedule.list_scheduler import list_schedule
 from synth.schedule.replay import verify
-from synth.synthesis.rooted import (_rail_receives_last, chain_chunk_options, chain_paths, compose,
+from synth.synthesis.rooted import (_rail_last, chain_chunk_options, chain_paths, compose,
                                     synthesize_rooted)
 
 GIB = 1 << 30
@@ -115,7 +115,7 @@ def test_a_rails_partial_sum_is_received_last_where_it_joins_its_nodes(two_small
                    for last in (max(ts, key=lambda t: (t.step, t.src)) for ts in merges))
 
     assert not rails_last(schedule)
-    renumbered = _rail_receives_last(schedule, topo)
+    renumbered = _rail_last(schedule, topo)
     assert rails_last(renumbered)
     assert verify(renumbered, topo, GIB).time_us == pytest.approx(verify(schedule, topo, GIB).time_us)
 

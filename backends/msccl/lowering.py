@@ -233,8 +233,15 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
         chains.append(chain)
     replica_of_channel: dict[int, int] = {}
     # channel 0 carries plain steps, and chains only where every channel is asked for (one set per channel:
-    # a relay of 2048 chunks fused is 32 channels of 64 steps)
+    # a relay of 2048 chunks fused is 32 channels of 64 steps); then a set's one channel goes to its chains
+    # forwarded the most common way (a chunk forwarded otherwise first took it from its 63 others: 2 x dgx2
+    # Broadcast 256 MB, whose rail's sender sent one chunk across before round its node)
     chain_channels = range(0 if replicas >= MAX_CHANNELS else 1, MAX_CHANNELS)
+    if replicas >= MAX_CHANNELS:
+        def ends_of(chain):
+            return tuple((op.recv.dst, op.recv.src, op.send.dst) for op in chain)
+        alike = Counter(ends_of(chain) for chain in chains)
+        chains.sort(key=lambda chain: -alike[ends_of(chain)])    # (stable: in order among the alike)
     for chain in chains:
         replica = spread_index(chain[0].recv.chunk, replicas, group)
         ends = [(op.recv.dst, op.recv.src, op.send.dst) for op in chain]    # (rank, in peer, out peer)
