@@ -63,7 +63,7 @@ from synth.bounds.physical import lower_bound
 from synth.errors import InputError
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology, reverse_topology
-from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, load_bound_us
 from synth.schedule.ir import Schedule
 from synth.schedule.list_scheduler import RUNTIME_FIFO_DEPTH, list_schedule, reverse_in_time
 from synth.schedule.replay import ReplayReport, verify
@@ -109,6 +109,8 @@ CHAIN_FILL_SHARE = 0.05
 # Chains as composed (:func:`compose`): timed in each port's order (Broadcast: as its plain lowering relays them),
 # or as their fused lowering runs them (Broadcast: round one ring of the root's node, :func:`_broadcast_chains`)
 CHAIN_DESIGNS = ("chain", "chain/fused")
+# One chunk in the fewest alphas (:func:`star_tree`): the latency regime's design, tried beside the pipelines
+STAR = "star"
 # How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
 # 93.4% of the limit simulated, each port in the due order 88.6%; timed as fused, 95.4% against 88.3%). Broadcast: the root's hand-outs in the due
 # order, the relays as their chunks come (2 x dgx2 1 GB: 98.2% planned and simulated; booked greedily by least
@@ -552,16 +554,58 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
             raise InputError("--method", "", f"rooted chains cover Broadcast and Reduce on two NVSwitch nodes, not "
                              f"{topology.name}")
         return chained
+    broadcast = _star_broadcast if design == STAR else _broadcast
     if name == "reduce":
-        reversed_topology = reverse_topology(topology)
-        forward = _broadcast(reversed_topology, chunks, size_bytes, root)
+        forward = broadcast(reverse_topology(topology), chunks, size_bytes, root)
         # booked greedily, partial sums meet as they come: least slack first by the reversal's times (2 x dgx-h100
         # Reduce 1 GB, 512 chunks: 97.5% of the limit simulated, by the busiest resource first 90.2%), or the
         # busiest resource first (with 1024 chunks 98.7%, least slack first 86.7%), whichever plan is faster
         booked = [reverse_in_time(forward, topology, make_collective(name, topology.num_ranks, chunks, root),
                                   size_bytes, "rooted", rule=rule) for rule in REDUCE_RULES]
         return min(booked, key=lambda s: max((t.end_us for t in s.transfers), default=0.0))
-    return _broadcast(topology, chunks, size_bytes, root)
+    return broadcast(topology, chunks, size_bytes, root)
+
+
+def star_tree(topology: Topology, root: int) -> list[Edge] | None:
+    """One chunk's out-tree in the fewest alphas on NVSwitch nodes, or None where the network does not reach
+    every node's entry from the root: the root sends across first, to the GPU at its own place in each other
+    node, then straight to every GPU of its node, and each entry straight to the rest of its node. Two alphas of
+    any route, against a Latin square's three (2 x dgx2 Broadcast 1 KB: 3.155 us against 3.447, the direct
+    bound 2.950: below 2.95 us every far GPU would need its own copy through the root's NIC, 3.911 us)."""
+    g = topology.gpus_per_node
+    if node_trees(topology).kind != "star" or g < 2:
+        return None
+    base = root - root % g
+    entries = [n * g + root % g for n in range(topology.num_nodes) if n * g != base]
+    if any(topology.link(root, e) is None for e in entries):
+        return None
+    tree = [(root, e) for e in entries]
+    for head in [root] + entries:
+        first = head - head % g
+        tree += [(head, first + u) for u in range(g) if first + u != head]
+    return tree
+
+
+def _latency_regime(topology: Topology, tree: list[Edge] | None, size_bytes: float) -> bool:
+    """Whether a one-chunk ``tree`` keeps its busiest link or port busy for no longer than the alphas of its
+    deepest path (two hops): where the star is worth trying (2 x dgx2 at 1 KB: 0.2 us of bytes against 2.95 us of
+    alphas; at 64 KB 13 us, where pipelines win)."""
+    if tree is None:
+        return False
+    busy_us = load_bound_us(tree, topology, size_bytes, latency=False)
+    return busy_us <= sum(topology.link(*edge).alpha_us for edge in tree[:1] + [tree[-1]])
+
+
+def _star_broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
+    """Broadcast of one chunk down :func:`star_tree`, every sender's sends in the tree's order."""
+    tree = star_tree(topology, root)
+    if tree is None or chunks != 1:
+        raise InputError("--method", "", f"the rooted star covers one chunk on NVSwitch nodes the network joins "
+                         f"GPU to GPU, not {chunks} chunk(s) on {topology.name}")
+    return list_schedule(topology, make_collective("broadcast", topology.num_ranks, 1, root),
+                         [tuple(topology.link_index[e] for e in tree)], size_bytes, "rooted",
+                         rank=np.arange(len(tree), dtype=float), rule="sequence",
+                         notes={"plan": f"{LABEL}{STAR}"})
 
 
 def chain_paths(topology: Topology, collective: str, chunks: int, root: int, fused: bool = False
@@ -974,6 +1018,8 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         if chunks or not chained:
             plans += [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
                                                               chunk_options(topology, name, size_bytes, root, target))]
+        if chunks == 1 or (chunks is None and _latency_regime(topology, star_tree(topology, root or 0), size_bytes)):
+            plans.append((1, "sequence", 1.0, STAR))
     found = []
     for c, rule, f, design in plans:
         t0 = time.perf_counter()
