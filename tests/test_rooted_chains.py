@@ -13,9 +13,11 @@ from backends.msccl.writer import emit_verified_xml
 from synth.bounds.physical import lower_bound
 from synth.model.collectives import make_collective
 from synth.model.topology import compose_nodes, load_topology, topology_from_dict
+from synth.schedule.ir import REDUCE, Schedule, Transfer
 from synth.schedule.list_scheduler import list_schedule
 from synth.schedule.replay import verify
-from synth.synthesis.rooted import chain_chunk_options, chain_paths, compose, synthesize_rooted
+from synth.synthesis.rooted import (_rail_last, chain_chunk_options, chain_paths, compose,
+                                    synthesize_rooted)
 
 GIB = 1 << 30
 
@@ -92,6 +94,30 @@ def test_fused_broadcast_chains_go_round_one_ring_so_the_root_sends_to_one_peer(
         assert set(Counter(topo.link(u, v).sender_port for u, v in path).values()) == {1}
     root_peers = {v for path in paths for u, v in path if u == root and topo.node_of(v) == topo.node_of(root)}
     assert len(root_peers) == 1
+
+
+def test_a_rails_partial_sum_is_received_last_where_it_joins_its_nodes(two_small_dgx2):
+    """The fused lowering forwards from a chunk's last receive (in step order), so every entry must forward from its
+    rail alike: a booking that numbered the node's partial sum later (each hop a step here) is renumbered."""
+    topo = two_small_dgx2
+    paths = chain_paths(topo, "reduce", 2, 0)
+    transfers = tuple(Transfer(c, u, v, h, REDUCE) for c, path in enumerate(paths) for h, (u, v) in enumerate(path))
+    schedule = Schedule(make_collective("reduce", topo.num_ranks, 2, 0), topo.name, transfers,
+                        max(t.step for t in transfers) + 1)
+
+    def rails_last(s: Schedule) -> bool:
+        into: dict = {}
+        for t in s.transfers:
+            into.setdefault((t.dst, t.chunk), []).append(t)
+        merges = [ts for ts in into.values() if len(ts) == 2]
+        assert len(merges) == 2
+        return all(topo.node_of(last.src) != topo.node_of(last.dst)
+                   for last in (max(ts, key=lambda t: (t.step, t.src)) for ts in merges))
+
+    assert not rails_last(schedule)
+    renumbered = _rail_last(schedule, topo)
+    assert rails_last(renumbered)
+    assert verify(renumbered, topo, GIB).time_us == pytest.approx(verify(schedule, topo, GIB).time_us)
 
 
 @pytest.mark.parametrize("design", ["chain", "chain/fused"])

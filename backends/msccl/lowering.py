@@ -233,12 +233,21 @@ def _assign_threadblocks(plans, spread: dict | None = None, replicas: int = 1, g
         chains.append(chain)
     replica_of_channel: dict[int, int] = {}
     # channel 0 carries plain steps, and chains only where every channel is asked for (one set per channel:
-    # a relay of 2048 chunks fused is 32 channels of 64 steps)
-    chain_channels = range(0 if replicas >= MAX_CHANNELS else 1, MAX_CHANNELS)
+    # a relay of 2048 chunks fused is 32 channels of 64 steps, set k on channel k as the plan times it,
+    # synth.schedule.list_scheduler's cut="fused"); then a set's channel goes to its chains forwarded the most
+    # common way (a chunk forwarded otherwise first took it from its 63 others: 2 x dgx2 Broadcast 256 MB, whose
+    # rail's sender sent one chunk across before round its node)
+    every = replicas >= MAX_CHANNELS
+    chain_channels = range(0 if every else 1, MAX_CHANNELS)
+    if every:
+        def ends_of(chain):
+            return tuple((op.recv.dst, op.recv.src, op.send.dst) for op in chain)
+        alike = Counter(ends_of(chain) for chain in chains)
+        chains.sort(key=lambda chain: -alike[ends_of(chain)])    # (stable: in order among the alike)
     for chain in chains:
         replica = spread_index(chain[0].recv.chunk, replicas, group)
         ends = [(op.recv.dst, op.recv.src, op.send.dst) for op in chain]    # (rank, in peer, out peer)
-        for ch in chain_channels:
+        for ch in ((replica,) + tuple(c for c in chain_channels if c != replica)) if every else chain_channels:
             if replica_of_channel.setdefault(ch, replica) != replica:
                 continue
             if all(partner_of_in.get((r, ch, u), w) == w and partner_of_out.get((r, ch, w), u) == u

@@ -140,16 +140,17 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     if reason is not None:
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {reason}")
     options = dict(proto=proto, name=name, min_bytes=min_bytes, max_bytes=max_bytes, planned=planned)
+    plain_long = plain_too_long(schedule)
     variants = _variants(schedule, topology, target, failures, options,
                          whole_messages=bool(size_bytes) and _alpha_bound(schedule, topology, size_bytes),
-                         progress=progress)
+                         progress=progress, plain_long=plain_long)
     floors = _Floors(schedule, topology, size_bytes)     # no program of the schedule simulates faster
     timed: list[tuple[tuple, float | None, Fit]] = []    # (sort key, simulated us, fit), not yet judged
     programs: list[MscclProgram] = []                     # every program timed (the same one is not timed twice)
     exhausted, first_round, cut = False, True, False
     # where plain steps fit only merged, the fused lowering in link order is made before them (it may settle the
     # choice: 2 x dgx2 Reduce 1 GB, 2048 chunks, a fit search for merged plain steps of 75 s that could not win)
-    order_early = bool(size_bytes) and plain_too_long(schedule)
+    order_early = bool(size_bytes) and plain_long
     while not exhausted:
         for fit, later in variants:
             if any(fit.program == p for p in programs):
@@ -205,8 +206,8 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
 
 
 def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],
-              options: dict, whole_messages: bool = True, progress: Callable[[str], None] = _quiet
-              ) -> Iterator[tuple[Fit, tuple[Lowering, ...]]]:
+              options: dict, whole_messages: bool = True, progress: Callable[[str], None] = _quiet,
+              plain_long: bool = False) -> Iterator[tuple[Fit, tuple[Lowering, ...]]]:
     """The fitted lowerings, each with the kinds of lowering that may still come after it (for :func:`_settled`):
     fused without merging (each fit, then its wider spreads), plain, then fused with merged steps only when the
     unmerged fused one does not fit, and last each step's chunks between two peers as one message
@@ -222,8 +223,8 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     if unmerged and unmerged.program is not None:
         _check_name(unmerged.program.name)
     merged_may_come = () if unmerged and unmerged.fits else (Lowering(True, max_cnt=2),)
-    # (a plain lowering too long for the XML reader comes only merged, so no faster than the plan)
-    plain_may_come = Lowering(False, max_cnt=2) if plain_too_long(schedule) else Lowering(False)
+    # (a plain lowering too long for the XML reader, ``plain_long``, comes only merged: no faster than the plan)
+    plain_may_come = Lowering(False, max_cnt=2) if plain_long else Lowering(False)
     if unmerged and unmerged.fits:
         yield from _with_spreads(schedule, topology, target, unmerged, (plain_may_come,) + whole, options)
     plain = fitting(False)

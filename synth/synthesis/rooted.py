@@ -694,31 +694,50 @@ def _reduce_chains(topology: Topology, chunks: int, root: int) -> list[list[Edge
     return paths
 
 
-def _rail_receives_last(schedule: Schedule, topology: Topology) -> Schedule:
-    """``schedule`` with every receive over a rail numbered after the other receives of its chunk at its rank.
+def _rail_last(schedule: Schedule, topology: Topology) -> Schedule:
+    """``schedule`` with every transfer over a rail numbered after the others of its chunk where they meet: a
+    Reduce's receive over the rail after the node's partial sum at the rail's entry, a Broadcast's send over the rail
+    after the node's send at the rail's sender.
 
-    The fused lowering forwards a chunk from its last receive (in step order), and the chunks of one channel share
-    their threadblocks only where they are forwarded alike: from the rail at every entry. The booking numbers a
-    node's partial sum after the rail's now and then though it came first (2 of 2048 chunks on 2 x dgx2), and that
-    chain then cannot share its channel: the lowering unfused it, and the rest one by one, to plain steps that did
-    not fit. Times are kept; the step is the latest of the others' (the one after it where the chunk's sends from
-    there come later still)."""
-    into: dict[tuple[int, int], list[int]] = {}
-    leaves: dict[tuple[int, int], int] = {}
+    The fused lowering forwards a chunk from its last receive to its first send after it (in step order), and the
+    chunks of one channel share their threadblocks only where they are forwarded alike: along the node's ring. The
+    booking numbers them the other way now and then (2 of 2048 chunks of 2 x dgx2 Reduce 1 GB; Broadcast 256 MB),
+    and such a chain cannot share its channel: the lowering unfused it, and the rest one by one, to plain steps that
+    did not fit. Times are kept; the step is the one after the others'; where the chunk's next transfer leaves
+    before that, a Broadcast's chunk goes on in the far node that much later, a Reduce's rail takes the others'
+    latest step if it can."""
     transfers = list(schedule.transfers)
+    leaves: dict[tuple[int, int], int] = {}     # (rank, chunk) -> the first step a transfer of it leaves there
+    meets: dict[tuple[str, int, int], list[int]] = {}
+    of_chunk: dict[int, list[int]] = {}
     for k, t in enumerate(transfers):
-        into.setdefault((t.dst, t.chunk), []).append(k)
         leaves[(t.src, t.chunk)] = min(leaves.get((t.src, t.chunk), t.step), t.step)
-    for key, ks in into.items():
+        of_chunk.setdefault(t.chunk, []).append(k)
+        meets.setdefault(("into", t.dst, t.chunk), []).append(k)
+        meets.setdefault(("from", t.src, t.chunk), []).append(k)
+    for (way, rank, chunk), ks in meets.items():
         rail = [k for k in ks if topology.node_of(transfers[k].src) != topology.node_of(transfers[k].dst)]
         if len(ks) < 2 or len(rail) != 1:
             continue
         t = transfers[rail[0]]
-        latest = max(transfers[k].step for k in ks if k != rail[0])
-        if t.step <= latest:
-            step = latest + 1 if latest + 1 < leaves.get(key, latest + 2) else latest
-            transfers[rail[0]] = replace(t, step=step)
-    return replace(schedule, transfers=tuple(transfers))
+        others = [k for k in ks if k != rail[0]]
+        latest = max(transfers[k].step for k in others)
+        after = leaves.get((t.dst, chunk), latest + 2)    # the chunk's next transfer must stay after it
+        if t.step > latest:
+            continue
+        if latest + 1 < after:
+            transfers[rail[0]] = replace(t, step=latest + 1)
+        elif way == "from":
+            # a Broadcast's chunk goes on in the far node a step later, all of it (so after the rail still)
+            shift = latest + 2 - after
+            far = topology.node_of(t.dst)
+            for k in of_chunk[chunk]:
+                if topology.node_of(transfers[k].src) == far:
+                    transfers[k] = replace(transfers[k], step=transfers[k].step + shift)
+            transfers[rail[0]] = replace(t, step=latest + 1)
+        elif latest < after:
+            transfers[rail[0]] = replace(t, step=latest)
+    return replace(schedule, transfers=tuple(transfers), steps=max(u.step for u in transfers) + 1)
 
 
 def _chain_slots(topology: Topology, paths: list[list[Edge]]) -> tuple[list[int], int, float]:
@@ -774,9 +793,10 @@ def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, 
         channels = _fitting_channels(paths, CHAIN_CHANNELS + (MAX_CHANNELS,))
         if fused:
             notes["plan"] += "/fused"
-        return list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
-                             rule=CHAIN_RULES[name], channels=channels[:1] if fused else channels,
-                             cut="fused" if fused else "position", notes=notes)
+        booked = list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
+                               rule=CHAIN_RULES[name], channels=channels[:1] if fused else channels,
+                               cut="fused" if fused else "position", notes=notes)
+        return _rail_last(booked, topology) if fused else booked
     # the far node's hops are due one slot apart up to the rail's crossing, the rail's c-th chunk after c rail
     # times; in the root's node the hop into the entry is due as the rail's partial sum arrives there, the others a
     # slot apart before and after it
@@ -793,7 +813,7 @@ def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, 
         notes["plan"] += "/fused"
     booked = list_schedule(topology, coll, route_links, size_bytes, "rooted", rank=slot_us * np.array(rank),
                            rule=CHAIN_RULES[name], notes=notes, **timing)
-    return _rail_receives_last(booked, topology)
+    return _rail_last(booked, topology)
 
 
 def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:

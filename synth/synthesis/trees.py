@@ -17,7 +17,8 @@ rank.
 
 ``C`` follows from the size (:func:`pipeline_chunks`: enough chunks that the first chunk's trip is a small share
 of the time), halved while the busiest connection would carry more messages than the target's threadblock steps
-over 32 channels hold.
+over 32 channels hold, or a rank more steps than the runtimes' XML reader (:func:`rank_elements`: chains, such as a
+switch's packing for Broadcast and Reduce, count as their fused lowering writes them).
 """
 
 from __future__ import annotations
@@ -321,7 +322,7 @@ def _routes_fit(packings: list[_Packed], num_ranks: int, target: str) -> bool:
     """Whether the schedule of these packings can be lowered: no connection carries more messages than the
     target's threadblocks hold over :data:`MAX_CHANNELS` channels, and no rank more elements than the runtimes'
     XML reader holds (counted as :func:`rank_elements` does, from the routes, before the list scheduler spends
-    seconds on a chunk count that would be halved: dgx2 Broadcast 1 GB, 1.5 s)."""
+    seconds on a chunk count that would be halved: dgx1 Broadcast 1 GB, whose trees branch, at 2048 chunks)."""
     per_connection: Counter = Counter()
     for p in packings:
         per_connection.update(p.connections())
