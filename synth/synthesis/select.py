@@ -123,8 +123,9 @@ TREE_CHUNK_OPTIONS = (256, 128, 64, 32, 16)
 # Under auto, a tree-packing plan that replays within this share of the physical limit ends the search: no other
 # formulation can be more than that faster, and on single nodes at large sizes none was (the routed MILP ran its
 # whole time limit on dgx2 Broadcast 1 GB, 250 s on 2 busy cores, for 38% of the limit, and left no time for trees).
-# 2%: the runtimes' XML reader caps tree pipelining at about 1024 chunks per rank, so dgx1 and dgx2 Broadcast and
-# Reduce 1 GB plan at 98.3-98.6%, and the alpha-beta search (20 s there) and smaller packings found nothing faster.
+# 2%: the runtimes' XML reader caps a branching tree's pipelining at 1024 chunks per rank (chains, forwarded
+# fused, reach 2048), so dgx1 Broadcast and Reduce 1 GB plan at 98.3%, and the alpha-beta search (20 s there) and
+# smaller packings found nothing faster.
 TREES_AT_LIMIT = 0.02
 
 
