@@ -559,13 +559,9 @@ def _path_searches(name: str, topology: Topology, root: int | None) -> tuple[tup
 
 def _distances(topology: Topology, sources, reverse: bool, weights=None) -> np.ndarray:
     """Shortest paths from ``sources`` (rows) to every rank under per-link ``weights`` (None: hops), on the
-    reversed graph when ``reverse``; scipy on link arrays, since a networkx graph of a million links took half a
-    gigabyte."""
-    from scipy.sparse.csgraph import dijkstra
-
-    graph = topology.sparse_graph(weights, reverse)
-    return dijkstra(graph, directed=True, indices=list(sources), unweighted=weights is None).reshape(
-        -1, topology.num_ranks)
+    reversed graph when ``reverse`` (:meth:`~synth.model.topology.Topology.distances`: link arrays, never a
+    networkx graph, which for a million links took half a gigabyte)."""
+    return topology.distances(sources, weights, reverse)
 
 
 def _farthest(topology: Topology, sources, reverse: bool, weights) -> float:

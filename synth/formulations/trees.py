@@ -40,8 +40,6 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import maximum_flow
 
 from synth.errors import InfeasibleError, NoSolutionError, SolverError
 from synth.formulations.routes import resource_keys
@@ -407,6 +405,8 @@ class _Connectivity:
         self.neighbours = [sorted(a) for a in adjacent]
 
     def _graph(self, capacity: np.ndarray):
+        from scipy.sparse import csr_matrix     # (above PYTHON_FLOW_MAX_RANKS only: a single node never needs scipy)
+
         keep = capacity > 0
         return csr_matrix((capacity[keep].astype(np.int32), (self.src[keep], self.dst[keep])),
                           shape=(self.n, self.n))
@@ -416,6 +416,8 @@ class _Connectivity:
         if need <= 0:
             return True
         if self.n > PYTHON_FLOW_MAX_RANKS:
+            from scipy.sparse.csgraph import maximum_flow
+
             graph = self._graph(capacity)
             return all(maximum_flow(graph, self.root, t).flow_value >= need for t in self.sinks)
         base: list[dict[int, int]] = [dict.fromkeys(self.neighbours[u], 0) for u in range(self.n)]

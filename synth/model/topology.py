@@ -32,6 +32,10 @@ FORMAT = "synth-topology/1"
 PATH_TYPES = ("NVL", "NVB", "PIX", "PXB", "PXN", "PHB", "SYS")
 
 
+# Sources x links up to which Topology.distances searches in Python (a composed cluster's are left to scipy)
+PYTHON_SEARCH_MAX_WORK = 200_000
+
+
 class Direction(TextEnum):
     """Which way a transfer crosses a switch port: ``egress`` from the port's ranks into the switch, ``ingress``
     from the switch out to them (a NIC's send and receive sides)."""
@@ -286,10 +290,47 @@ class Topology:
     def hop_distances(self) -> list[list[int]]:
         """All-pairs hop distance (``num_ranks`` means unreachable)."""
         import numpy as np
-        from scipy.sparse.csgraph import shortest_path
 
-        dist = shortest_path(self.sparse_graph(), directed=True, unweighted=True)
+        dist = self.distances(range(self.num_ranks))
         return np.where(np.isinf(dist), self.num_ranks, dist).astype(int).tolist()
+
+    def distances(self, sources, weights=None, reverse: bool = False):
+        """Shortest paths from ``sources`` (rows, a numpy array ``len(sources) x num_ranks``; inf: unreachable)
+        under per-link ``weights`` (an array in link order; None: hops), on the reversed graph when ``reverse``.
+        Small searches (:data:`PYTHON_SEARCH_MAX_WORK`) run in Python: importing scipy costs a single-node solve
+        0.35 s, more than they take; larger ones run in scipy on :meth:`sparse_graph`."""
+        import heapq
+
+        import numpy as np
+
+        sources = list(sources)
+        links = self.link_arrays()
+        if len(sources) * len(links.src) > PYTHON_SEARCH_MAX_WORK:
+            from scipy.sparse.csgraph import dijkstra
+
+            return dijkstra(self.sparse_graph(weights, reverse), directed=True, indices=sources,
+                            unweighted=weights is None).reshape(-1, self.num_ranks)
+        n = self.num_ranks
+        cost = [1.0] * len(links.src) if weights is None else np.asarray(weights, dtype=float).tolist()
+        heads, tails = (links.dst, links.src) if reverse else (links.src, links.dst)
+        out: list[dict[int, float]] = [{} for _ in range(n)]
+        for a, b, w in zip(heads.tolist(), tails.tolist(), cost):
+            out[a].setdefault(b, w)            # the first of duplicate links, as sparse_graph keeps
+        dist = np.full((len(sources), n), np.inf)
+        for row, source in enumerate(sources):
+            best = [math.inf] * n
+            best[source] = 0.0
+            queue = [(0.0, source)]
+            while queue:
+                d, u = heapq.heappop(queue)
+                if d > best[u]:
+                    continue
+                for v, w in out[u].items():
+                    if d + w < best[v]:
+                        best[v] = d + w
+                        heapq.heappush(queue, (d + w, v))
+            dist[row] = best
+        return dist
 
     def to_dict(self) -> dict:
         """The JSON form (links through switches are implied by the switches and not listed)."""
@@ -667,6 +708,11 @@ def compose_nodes(topo: Topology, nodes: int, fabric: Fabric | str = Fabric.SWIT
 
 def check_connected(topo: Topology) -> None:
     """Raise InputError unless every rank can reach every other rank."""
+    import numpy as np
+
+    if topo.num_ranks <= 1 or not (np.isinf(topo.distances([0])).any() or
+                                   np.isinf(topo.distances([0], reverse=True)).any()):
+        return
     from scipy.sparse.csgraph import connected_components
 
     count, labels = connected_components(topo.sparse_graph(), directed=True, connection="strong")

@@ -101,8 +101,24 @@ def shortest_path_routes(topology: Topology, collective: str, root) -> Routes:
     if topology.num_ranks > MAX_RANKS:
         raise not_applicable(SHORTEST_PATH, f"it serves small sizes on machines of up to {MAX_RANKS} ranks; "
                              f"{topology.name} has {topology.num_ranks}")
-    routes = ShortestPathRoutes(topology)
-    if routes.all_direct:
+    routes = None if _every_pair_direct(topology) else ShortestPathRoutes(topology)
+    if routes is None or routes.all_direct:
         raise not_applicable(SHORTEST_PATH, f"every shortest path on {topology.name} is a direct link: it is the "
                              "all-pairs baseline")
     return routes
+
+
+def _every_pair_direct(topology: Topology) -> bool:
+    """Whether every pair of ranks is linked and no path is shorter than the link (with :data:`HOP_TIE_US` per
+    hop, a longer path of equal alpha is longer): :attr:`ShortestPathRoutes.all_direct` told from distances alone
+    (:meth:`~synth.model.topology.Topology.distances`), without the predecessor search that imports scipy on an
+    NVSwitch machine, where it always holds."""
+    n = topology.num_ranks
+    if len(topology.links) < n * (n - 1):
+        return False
+    weights = topology.link_arrays().alpha_us + HOP_TIE_US
+    dist = topology.distances(range(n), weights)
+    for link, weight in zip(topology.links, weights.tolist()):
+        if weight > dist[link.src, link.dst] + PATH_TOLERANCE_US:
+            return False
+    return len({(l.src, l.dst) for l in topology.links}) == n * (n - 1)
