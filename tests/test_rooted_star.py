@@ -41,3 +41,8 @@ def test_one_kilobyte_takes_one_crossing_and_one_switch_hop(collective):
 
 def test_no_star_where_nodes_are_not_switches():
     assert star_tree(load_topology("ndv2", 2), 0) is None
+
+
+def test_a_user_chunk_count_of_one_on_nodes_without_a_switch_skips_the_star():
+    found = synthesize_rooted(load_topology("ndv2", 2), "broadcast", KB, chunks=1)
+    assert found and all(c.design != STAR for c in found)

@@ -586,12 +586,10 @@ def star_tree(topology: Topology, root: int) -> list[Edge] | None:
     return tree
 
 
-def _latency_regime(topology: Topology, tree: list[Edge] | None, size_bytes: float) -> bool:
+def _latency_regime(topology: Topology, tree: list[Edge], size_bytes: float) -> bool:
     """Whether a one-chunk ``tree`` keeps its busiest link or port busy for no longer than the alphas of its
     deepest path (two hops): where the star is worth trying (2 x dgx2 at 1 KB: 0.2 us of bytes against 2.95 us of
     alphas; at 64 KB 13 us, where pipelines win)."""
-    if tree is None:
-        return False
     busy_us = load_bound_us(tree, topology, size_bytes, latency=False)
     return busy_us <= sum(topology.link(*edge).alpha_us for edge in tree[:1] + [tree[-1]])
 
@@ -1018,7 +1016,8 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
         if chunks or not chained:
             plans += [(c, "sequence", 1.0, "trees") for c in ((chunks,) if chunks else
                                                               chunk_options(topology, name, size_bytes, root, target))]
-        if chunks == 1 or (chunks is None and _latency_regime(topology, star_tree(topology, root or 0), size_bytes)):
+        star = star_tree(topology, root or 0)
+        if star is not None and (chunks == 1 or (chunks is None and _latency_regime(topology, star, size_bytes))):
             plans.append((1, "sequence", 1.0, STAR))
     found = []
     for c, rule, f, design in plans:
