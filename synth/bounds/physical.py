@@ -525,7 +525,7 @@ def direct_bound_us(collective_name: str, topology: Topology, size_bytes: float,
         "gather": ([(s, root) for s in range(n) if s != root], size_bytes / n),
     }.get(name, (every, size_bytes / n))       # Allgather, ReduceScatter, Alltoall: a shard per pair
     links = topology.link_arrays()
-    distance = _distances(topology, range(n), False, links.alpha_us)
+    distance = topology.distances(range(n), links.alpha_us)
     relayed = np.full((n, n), np.inf)          # fastest path of at least two hops
     for link in topology.links:
         via = link.alpha_us + distance[link.dst]
@@ -557,21 +557,14 @@ def _path_searches(name: str, topology: Topology, root: int | None) -> tuple[tup
     return rank_orbit_reps(topology.num_ranks, topology.symmetries), False
 
 
-def _distances(topology: Topology, sources, reverse: bool, weights=None) -> np.ndarray:
-    """Shortest paths from ``sources`` (rows) to every rank under per-link ``weights`` (None: hops), on the
-    reversed graph when ``reverse`` (:meth:`~synth.model.topology.Topology.distances`: link arrays, never a
-    networkx graph, which for a million links took half a gigabyte)."""
-    return topology.distances(sources, weights, reverse)
-
-
 def _farthest(topology: Topology, sources, reverse: bool, weights) -> float:
     """Max over the pairs the ``sources`` stand for of the shortest path under per-link ``weights``."""
-    return float(_distances(topology, sources, reverse, weights).max())
+    return float(topology.distances(sources, weights, reverse).max())
 
 
 def _diameters(topology: Topology, sources, reverse: bool) -> tuple[float, int]:
     """Max over the pairs the ``sources`` stand for of the shortest alpha path (us) and of the hop distance."""
-    hops = _distances(topology, sources, reverse)
+    hops = topology.distances(sources, reverse=reverse)
     if np.isinf(hops).any():
         row, col = (int(x[0]) for x in np.nonzero(np.isinf(hops)))
         s = list(sources)[row]
