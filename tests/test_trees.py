@@ -78,11 +78,12 @@ def test_decomposition_grows_trees_breadth_first():
 
 def test_dgx1_broadcast_trees_take_turns_on_the_root_links():
     # one root: chunks are booked by slack against their progress through their tree, so shallow trees sharing
-    # a root link with deep ones are not starved (longest-path-first left half the links idle: 66% of the limit)
-    # (HiGHS 1.15 and 1.16 return different optimal packings, 6 and 12 trees, replayed at 98.3% and 97.8%)
+    # a root link with deep ones are not starved (longest-path-first left half the links idle: 66% of the limit);
+    # the trees are the shallowest optimal ones (depth 4: 98.6%; HiGHS 1.15's and 1.16's optimal link loads,
+    # decomposed, gave 98.3% and 97.8%)
     topo = load_topology("dgx1")
     result = synthesize_trees(topo, "broadcast", 1 << 30, chunks=1024)
-    assert result.replay_us <= result.fractional_us / 0.975
+    assert result.replay_us <= result.fractional_us / 0.986
 
 
 def test_packings_finer_than_the_runtimes_xml_reader_holds_are_not_made():

@@ -33,7 +33,8 @@ from backends.msccl.fit import connection_elements
 from backends.msccl.limits import MAX_XML_ELEMENTS
 from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.errors import InputError
-from synth.formulations.trees import REVERSAL_OF, Commodity, Packing, broadcast_commodities, decompose, solve_packing
+from synth.formulations.trees import (REVERSAL_OF, Commodity, Packing, broadcast_commodities, decompose,
+                                      shallow_packing, solve_packing)
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.symmetry import free_symmetry_group
 from synth.model.topology import Topology, check_connected, reverse_topology
@@ -413,14 +414,21 @@ def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: i
     coll = make_collective(name, topology.num_ranks, chunks, root)
     bound_us = bandwidth_bound_us(name, topology, size_bytes, root)[0]
     fractional_units = bound_us * BYTES_PER_US_PER_GBPS / coll.chunk_bytes(size_bytes)
-    packing = solve_packing(topology, commodities, chunks, integer=True, group=group, options=options,
-                            floor_units=fractional_units, fewest_links=name == "broadcast",
-                            start_trees=_ring_chain(topology, commodities) if name == "broadcast" else None)
+    # a Broadcast's shallowest optimal trees, where they can be listed (shallow_packing); else, or when they miss
+    # the MILP's gap and its packing is better, the MILP's link loads, decomposed
+    packing, listed_trees = (shallow_packing(topology, commodities[0], chunks, fractional_units, options)
+                             if name == "broadcast" else None) or (None, None)
+    if packing is None or packing.units > fractional_units * (1 + MIP_GAP):
+        solved = solve_packing(topology, commodities, chunks, integer=True, group=group, options=options,
+                               floor_units=fractional_units, fewest_links=name == "broadcast",
+                               start_trees=_ring_chain(topology, commodities) if name == "broadcast" else None)
+        if packing is None or solved.units < packing.units * (1 - 1e-9):
+            packing, listed_trees = solved, None
     routes: list[tuple[int, ...]] = [()] * len(coll.chunks)
     progress = [0.0] * len(coll.chunks)
     num_trees = 0
     for k, rep in enumerate(packing.commodities):
-        trees = decompose(topology, rep, packing.counts[k], chunks)
+        trees = listed_trees if listed_trees is not None else decompose(topology, rep, packing.counts[k], chunks)
         for perm in packing.images[k]:
             image = Commodity(perm[rep.root], tuple(perm[s] for s in rep.sinks))
             ids = _chunk_ids(name, image, chunks)

@@ -1,0 +1,85 @@
+"""The shallowest optimal trees of a Broadcast (synth.formulations.trees.shallow_packing): every spanning
+arborescence is listed (Kirchhoff's count), and the trees taken are the least deep that still reach the rate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from synth.bounds.physical import bandwidth_bound_us
+from synth.formulations.routes import resource_keys
+from synth.formulations.trees import (Commodity, _arborescences, _tree_model, shallow_packing)
+from synth.model.collectives import make_collective
+from synth.model.topology import load_topology
+from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
+from synth.solver.highs import solve_model
+
+
+def _floor_units(topo, chunks: int) -> float:
+    """The optimal fractional rate in chunk / (GB/s) (the bandwidth bound at 1 GB in chunks of 1 GB / chunks)."""
+    size = 1 << 30
+    chunk_bytes = make_collective("broadcast", topo.num_ranks, chunks, 0).chunk_bytes(size)
+    return bandwidth_bound_us("broadcast", topo, size, 0)[0] * BYTES_PER_US_PER_GBPS / chunk_bytes
+
+
+def _depths(topo, links, root=0) -> dict[int, int]:
+    depth = {root: 0}
+    for li in links:   # parents first
+        link = topo.links[li]
+        assert link.src in depth and link.dst not in depth
+        depth[link.dst] = depth[link.src] + 1
+    return depth
+
+
+@pytest.mark.parametrize("name", ["dgx1", "ring-8", "fully-connected-4"])
+def test_every_spanning_arborescence_is_listed(name):
+    # Kirchhoff: the arborescences rooted at 0 number det of the in-degree Laplacian without row and column 0
+    topo = load_topology(name)
+    n = topo.num_ranks
+    laplacian = np.zeros((n, n))
+    for link in topo.links:
+        laplacian[link.dst, link.dst] += 1
+        laplacian[link.src, link.dst] -= 1
+    listed = _arborescences(topo, 0)
+    assert len(listed) == round(np.linalg.det(laplacian[1:, 1:]))
+    assert len(set(links for links, _ in listed)) == len(listed)
+    for links, depth in listed:
+        reached = _depths(topo, links)
+        assert len(reached) == n and max(reached.values()) == depth
+
+
+def test_dgx1_broadcast_takes_depth_4_trees_at_the_rate():
+    topo = load_topology("dgx1")
+    floor = _floor_units(topo, 1024)
+    packing, trees = shallow_packing(topo, Commodity(0, tuple(range(1, 8))), 1024, floor)
+    assert sum(t.chunks for t in trees) == 1024
+    assert max(max(_depths(topo, t.links).values()) for t in trees) == 4
+    # 1024 chunks over the root's six lanes: 171 on the busiest, 1026 / 150 GB/s (the rate: 1024 / 150)
+    assert packing.units == pytest.approx(171 / 25, rel=1e-9) and packing.units <= floor * 1.002
+    per_link, bandwidth = resource_keys(topo)
+    load = dict.fromkeys(bandwidth, 0)
+    for tree in trees:
+        for li in tree.links:
+            for key in per_link[li]:
+                load[key] += tree.chunks
+    assert all(load[key] <= packing.units * bandwidth[key] * (1 + 1e-9) for key in bandwidth)
+    assert np.array_equal(packing.counts[0], np.bincount(
+        [li for t in trees for li in t.links for _ in range(t.chunks)], minlength=len(topo.links)))
+    # no packing of depth-3 trees reaches the rate: it needs 20% more time
+    listed = [links for links, depth in _arborescences(topo, 0) if depth <= 3]
+    resources = list(bandwidth)
+    matrix = np.zeros((len(resources), len(listed)))
+    for j, links in enumerate(listed):
+        for li in links:
+            for key in per_link[li]:
+                matrix[resources.index(key), j] += 1
+    lp = solve_model(_tree_model(matrix, np.array([bandwidth[k] for k in resources]), 1024, integer=False))
+    assert lp.x[-1] == pytest.approx(floor * 1.2, rel=1e-9)
+
+
+def test_too_many_trees_to_list_are_left_to_the_decomposition():
+    topo = load_topology("fully-connected-8")     # 7^7 parent choices
+    assert _arborescences(topo, 0) is None
+    assert shallow_packing(topo, Commodity(0, tuple(range(1, 8))), 16, _floor_units(topo, 16)) is None
+    dgx1 = load_topology("dgx1")                  # a sink set short of every rank: not a spanning commodity
+    assert shallow_packing(dgx1, Commodity(0, (1, 2)), 16, 1.0) is None
