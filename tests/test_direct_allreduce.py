@@ -47,6 +47,16 @@ def test_two_nodes_exchange_node_sums_over_the_links_they_have():
     assert schedule.notes["cross_node_messages"] == 2
 
 
+def test_the_node_total_is_copied_by_every_rank_that_holds_it():
+    # TE-CCL's two DGX-2 nodes: the eight even GPUs of a node receive the other node's sum, and each copies the
+    # total to one odd GPU (GPU 16 copying to all eight queued 8 KB at its one switch port: 3.58 us simulated)
+    from synth.synthesis.baselines.all_pairs import _copy_tree
+
+    topo = load_topology("dgx2-2node-tecc")
+    tree = _copy_tree(topo, tuple(range(16, 32)), set(range(16, 32, 2)))
+    assert tree == {v: (v - 1, 1) for v in range(17, 32, 2)}
+
+
 @pytest.mark.parametrize("name, reason", [
     ("ring-8", "the ranks 0..7 of topology ring-8 neither form one linked group of at most 16 nor factor into two "
                "phases of such groups"),

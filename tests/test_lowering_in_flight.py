@@ -72,3 +72,32 @@ def test_a_fused_lowering_far_over_the_sms_stops_once_its_chains_are_placed(rela
     far = lower_to_msccl(schedule, topology=topology, fuse=True, channels=8,
                          tb_budget=int(most / OVER_BUDGET_MARGIN / 2))
     assert isinstance(far, OverBudget) and far.threadblocks > OVER_BUDGET_MARGIN * int(most / OVER_BUDGET_MARGIN / 2)
+
+
+def test_the_writer_still_makes_the_in_flight_variants_after_a_plain_lowering_that_settles_nothing_else():
+    # TE-CCL's two DGX-2 nodes: a shortest-path Allgather sends each node's 16 blocks over every one of its 8
+    # network links (alpha 2.6 us), 16 messages per connection. The plain lowering on one channel left only merged
+    # and whole-message variants to come, none of them for this schedule, so the writer stopped there and wrote
+    # the fused lowering, 2.6 us behind its plan (two messages in flight per channel); on the channels that hold
+    # them all in flight the file runs as planned.
+    from backends.msccl.writer import emit_verified_xml
+
+    topology = load_topology("dgx2-2node-tecc")
+    schedule = build_baseline("shortest-path", "allgather", topology, 1)
+    planned_us = replay_time(schedule, topology, KB).time_us
+    emitted = emit_verified_xml(schedule, topology, "executor", KB, plan_us=planned_us)
+    assert not emitted.fused and emitted.channels >= 8
+    assert emitted.simulated_us == pytest.approx(planned_us, rel=1e-6)
+
+
+def test_in_flight_channels_stop_where_a_threadblock_could_no_longer_be_waited_for():
+    # ring-8 states no SMs; a bidirectional-ring Alltoall in 4 chunks per block wanted 129 threadblocks in flight,
+    # and a dependency on threadblock 128 does not fit depid's signed byte
+    from backends.msccl.limits import MAX_DEPID, runtime_limits
+
+    topology = load_topology("ring-8")
+    schedule = build_baseline("bidir-ring", "alltoall", topology, 4)
+    program = lower_to_msccl(schedule, topology=topology, fuse=False, channels=32, in_flight=True)
+    assert max(len(gpu.tbs) for gpu in program.gpus) <= MAX_DEPID + 1
+    assert not [f for f in runtime_limits(program) if f.severity == "error"]
+    assert simulate_program(program, topology, KB).time_us == pytest.approx(replay_time(schedule, topology, KB).time_us)

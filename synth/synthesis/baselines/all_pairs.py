@@ -180,10 +180,13 @@ def exchange_phases(topology: Topology, ranks: Group, max_group: int = MAX_EXCHA
 
 
 def _copy_tree(topology: Topology, node: Group, holders: set[int]) -> dict[int, tuple[int, int]] | None:
-    """For every rank of ``node`` outside ``holders``: (parent, hops) on the alpha-shortest path from the nearest
-    holder, over links inside the node; None when a rank cannot be reached."""
+    """For every rank of ``node`` outside ``holders``: (parent, hops) on an alpha-shortest path from the nearest
+    holder, over links inside the node; None when a rank cannot be reached.
+
+    Among parents at the same distance, the one with the fewest children so far: a parent sends the whole buffer
+    to each child through its one switch port (TE-CCL's two DGX-2 nodes: GPU 16 copied the total to all eight odd
+    GPUs of its node while GPUs 18..30 held it too, 8 x 1 KB queued at one port)."""
     best = {r: (0.0, 0) for r in holders}
-    parent: dict[int, tuple[int, int]] = {}
     heap = [(0.0, 0, r) for r in sorted(holders)]
     while heap:
         dist, hops, u = heapq.heappop(heap)
@@ -196,9 +199,18 @@ def _copy_tree(topology: Topology, node: Group, holders: set[int]) -> dict[int, 
             cand = (dist + link.alpha_us, hops + 1)
             if v not in best or cand < best[v]:
                 best[v] = cand
-                parent[v] = (u, hops + 1)
                 heapq.heappush(heap, (*cand, v))
-    return parent if len(parent) + len(holders) == len(node) else None
+    if len(best) < len(node):
+        return None
+    parent: dict[int, tuple[int, int]] = {}
+    children = {r: 0 for r in node}
+    for v in sorted((r for r in node if r not in holders), key=lambda r: (best[r], r)):
+        dist, hops = best[v]
+        u = min((u for u in node if u != v and best[u][1] == hops - 1 and topology.link(u, v) is not None
+                 and best[u][0] + topology.link(u, v).alpha_us == dist), key=lambda u: (children[u], u))
+        children[u] += 1
+        parent[v] = (u, hops)
+    return parent
 
 
 def direct_exchange_routes(topology: Topology, collective: str, root) -> Routes:
