@@ -165,3 +165,18 @@ def test_a_rank_with_more_than_32_peers_spreads_them_over_channels():
     emitted = emit_verified_xml(star, topology, "executor", 1 << 20)
     assert emitted.channels == 2
     assert not [f for f in runtime_limits(emitted.program) if f.kind == "tb-connection"]
+
+
+def test_a_wait_for_a_threadblock_past_depid_127_breaks_the_fit():
+    # an H100 holds 132 threadblocks, but a step's depid is a signed byte: waiting for tb 128 is a file the
+    # runtime cannot load, known before rendering (it once failed only the final check: ring-8 Alltoall)
+    from backends.msccl.fit import measure
+    from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock
+    tbs = [Threadblock(k, -1, -1, 0, (Step(0, "nop", "i", 0, "i", 0, 1),)) for k in range(130)]
+    tbs[0] = Threadblock(0, -1, -1, 0, (Step(0, "nop", "i", 0, "i", 0, 1, 129, 0),))
+    program = MscclProgram("p", "Simple", 1, 1, 1, "allgather", 0, 1, 0, 0, (Gpu(0, 1, 1, 0, tuple(tbs)),))
+    fit = measure(program, Lowering(False), "executor", 132)
+    assert [(f.kind, f.message) for f in fit.broken] == [("dependency", "depid=129 is outside -1 or 0..127")]
+    waits_in_range = replace(program, gpus=(Gpu(0, 1, 1, 0, (replace(tbs[0], steps=(Step(
+        0, "nop", "i", 0, "i", 0, 1, 127, 0),)),) + tuple(tbs[1:])),))
+    assert measure(waits_in_range, Lowering(False), "executor", 132).fits

@@ -26,7 +26,7 @@ from typing import Iterable, Iterator
 
 from backends.msccl.findings import Finding
 from backends.msccl.ir import Gpu, MscclProgram, Threadblock
-from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_STEPS_EXECUTOR,
+from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_DEPID, MAX_STEPS_EXECUTOR,
                                    MAX_TBS_PER_CHANNEL_DIRECTION, MAX_XML_ELEMENTS, connection_findings, max_steps,
                                    nchannels_findings, ngpus_findings, step_limit_findings, tb_limit_findings,
                                    tbs_per_gpu_findings, xml_elements, xml_elements_findings)
@@ -149,12 +149,15 @@ def measure(program: MscclProgram, lowering: Lowering, target: str, sms: int | N
     found = nchannels_findings(program) + ngpus_findings(program)
     for gpu in program.gpus:   # the limit rules of limits.runtime_limits, without its per-step buffer checks
         found += connection_findings(gpu) + tbs_per_gpu_findings(gpu, sms) + xml_elements_findings(program, gpu)
+        many = len(gpu.tbs) > MAX_DEPID + 1     # a step may then wait for a tb whose id its depid cannot hold
         for tb in gpu.tbs:
             found += tb_limit_findings(program, gpu, tb)
-            if any(not 1 <= st.cnt <= MAX_CNT for st in tb.steps if st.type != "nop"):
+            if any(not 1 <= st.cnt <= MAX_CNT for st in tb.steps if st.type != "nop") or (
+                    many and any(st.depid > MAX_DEPID for st in tb.steps)):
                 found += [f for k, st in enumerate(tb.steps)
                           for f in step_limit_findings(st, {"gpu": gpu.id, "tb": tb.id, "step": k})]
-    broken = tuple(f for f in found if f.kind in LIMIT_KINDS and f.severity == "error" and target in f.runtimes)
+    broken = tuple(f for f in found if (f.kind in LIMIT_KINDS or f.kind == "dependency") and f.severity == "error"
+                   and target in f.runtimes)
     tbs = max((len(g.tbs) for g in program.gpus), default=0)
     steps = max((len(tb.steps) for g in program.gpus for tb in g.tbs), default=0)
     return Fit(lowering, program, tbs, steps, broken)
