@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -117,6 +117,7 @@ class _Phase:
     fractional_units: float
     num_trees: int
     chunk_bytes: float
+    booked: Schedule | None = field(default=None, compare=False, repr=False)   # its one-root booking, if made
 
 
 def synthesize_trees(topology: Topology, collective_name: str, size_bytes: float, root: int | None = None,
@@ -360,8 +361,8 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
             # one root: the exact time reversal of the Broadcast as the runtime runs it (dgx1 Reduce 1 GB: 99.05%
             # of the limit, simulated 99.03% with each connection's messages in order; booked forward, 98.9%),
             # booked as the Broadcast is (_COPY_BOOKING)
-            forward = list_schedule(reversed_topology, dual_collective, phase.routes, size_bytes, "trees",
-                                    fifo_depth=_COPY_BOOKING, **_by_progress(phase))
+            forward = phase.booked or list_schedule(reversed_topology, dual_collective, phase.routes, size_bytes,
+                                                    "trees", fifo_depth=_COPY_BOOKING, **_by_progress(phase))
             return reverse_schedule(forward, _collective(problem, chunks), topology.name), [phase]
         forward = list_schedule(reversed_topology, dual_collective, phase.routes, size_bytes, "trees",
                                 fifo_depth=None, **_by_progress(phase))
@@ -372,8 +373,8 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
         solved = [_schedule(sub, size_bytes, options, packed) for sub in reduction.apply()]
         return reduction.invert([s for s, _ in solved]), [p for _, phases in solved for p in phases]
     phase = _pack(topology, problem.collective, size_bytes, problem.root, chunks, options, packed)
-    return list_schedule(topology, _collective(problem, chunks), phase.routes, size_bytes, "trees",
-                         fifo_depth=_COPY_BOOKING, **_by_progress(phase)), [phase]
+    return phase.booked or list_schedule(topology, _collective(problem, chunks), phase.routes, size_bytes, "trees",
+                                         fifo_depth=_COPY_BOOKING, **_by_progress(phase)), [phase]
 
 
 
@@ -437,8 +438,10 @@ def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: i
     shallow = shallow_packing(topology, commodities[0], chunks, fractional_units, options) \
         if name == "broadcast" else None
     if shallow is not None and shallow[0].units <= packing.units * (1 + 1e-9):
-        other = _phase(topology, name, coll, shallow[0], [shallow[1]], fractional_units, size_bytes)
-        if _booked_us(topology, coll, other, size_bytes) <= _booked_us(topology, coll, phase, size_bytes):
+        other = _booked(topology, coll, _phase(topology, name, coll, shallow[0], [shallow[1]], fractional_units,
+                                               size_bytes), size_bytes)
+        phase = _booked(topology, coll, phase, size_bytes)
+        if _end_us(other.booked) <= _end_us(phase.booked):
             phase = other
     return phase
 
@@ -467,11 +470,14 @@ def _phase(topology: Topology, name: str, coll, packing: Packing, trees_of, frac
                   coll.chunk_bytes(size_bytes))
 
 
-def _booked_us(topology: Topology, coll, phase: _Phase, size_bytes: float) -> float:
-    """When a one-root phase's booking ends (us), as :func:`_schedule` books a Broadcast and the forward schedule
-    a Reduce reverses."""
-    schedule = list_schedule(topology, coll, phase.routes, size_bytes, "trees", fifo_depth=_COPY_BOOKING,
-                             **_by_progress(phase))
+def _booked(topology: Topology, coll, phase: _Phase, size_bytes: float) -> _Phase:
+    """The one-root phase with its booking as :func:`_schedule` makes it (a Broadcast, or the forward schedule a
+    Reduce reverses), which :func:`_schedule` then takes instead of booking it again."""
+    return replace(phase, booked=list_schedule(topology, coll, phase.routes, size_bytes, "trees",
+                                               fifo_depth=_COPY_BOOKING, **_by_progress(phase)))
+
+
+def _end_us(schedule: Schedule) -> float:
     return max(t.end_us for t in schedule.transfers)
 
 
