@@ -713,17 +713,15 @@ def _slot_accesses(kind: tuple | None) -> tuple[tuple[bool, bool], ...]:
 _SLOT_ACCESSES = {name: _slot_accesses(kind) for name, kind in STEP_TYPES.items()}
 
 
-def _shares_written_slots(index: ProgramIndex, views: list[_View]) -> bool:
-    """Whether, in some run mode (``views``), a chunk slot that one tb writes is read or written by another tb.
-
-    Two steps race only on a slot of their gpu that both touch, one writing, and only across tbs (a tb runs its
-    steps in order): a program without such a slot has no race to find, and its run needs no vector clocks (a
-    fused chain's relays each touch their own chunks; dgx2 Reduce 1 GB, 32,768 steps: 0.2 s of clocks, this
-    pass 0.05 s). Each step touches the slots :meth:`_Machine._apply` reads and writes, where they are in range.
-    """
+def _racing_tbs(index: ProgramIndex, views: list[_View]) -> set[int]:
+    """The tbs that touch a chunk slot, in some run mode (``views``), that another tb also touches, one of them
+    writing it: only their steps can race (a tb runs its steps in order, and a race is two steps on one slot, one
+    writing). Each step touches the slots :meth:`_Machine._apply` reads and writes, where they are in range."""
     accesses_of = _SLOT_ACCESSES
+    racing: set[int] = set()
     for view in views:
-        touched: dict = {}    # (gpu, key buffer, index) -> (the one tb touching it or -1 for several, written)
+        # (gpu, key buffer, index) -> (the one tb touching it, written), or (None, written, the tbs touching it)
+        touched: dict = {}
         for t, tb in enumerate(index.tbs):
             gpu, places = tb.gpu, view.places[tb.gpu]
             for step in tb.steps:
@@ -744,11 +742,38 @@ def _shares_written_slots(index: ProgramIndex, views: list[_View]) -> bool:
                         elif seen[0] == t:
                             if write and not seen[1]:
                                 touched[slot] = (t, True)
-                        elif write or seen[1]:
-                            return True
-                        elif seen[0] != -1:
-                            touched[slot] = (-1, False)
-    return False
+                        else:
+                            tbs = seen[2] if seen[0] is None else {seen[0]}
+                            tbs.add(t)
+                            touched[slot] = (None, seen[1] or write, tbs)
+        racing.update(t for seen in touched.values() if seen[0] is None and seen[1] for t in seen[2])
+    return racing
+
+
+def _clocked_tbs(index: ProgramIndex, racing: set[int]) -> set[int]:
+    """``racing`` and every tb whose steps can happen before one of theirs (through a message or a dependency, over
+    any number of tbs): the tbs whose vector clocks the race analysis reads. A clock's entry for a tb is only ever
+    raised from that tb's own steps and the clocks merged into it, so these clocks are exact without the others
+    (a Broadcast's relays never send back to the root, whose copies and sends share its output slots)."""
+    if not racing:
+        return set()
+    senders: dict[int, list[int]] = {}
+    for t, tb in enumerate(index.tbs):
+        if tb.out_conn is not None:
+            senders.setdefault(tb.out_conn, []).append(t)
+    before: list[set[int]] = [set() for _ in index.tbs]     # tb -> the tbs it merges clocks from
+    for t, tb in enumerate(index.tbs):
+        if tb.in_conn is not None:
+            before[t].update(senders.get(tb.in_conn, ()))
+        before[t].update(u for u in tb.dep_tb if u is not None)
+    clocked = set(racing)
+    frontier = list(racing)
+    while frontier:
+        for u in before[frontier.pop()]:
+            if u not in clocked:
+                clocked.add(u)
+                frontier.append(u)
+    return clocked
 
 
 class _Machine:
@@ -781,9 +806,15 @@ class _Machine:
         ngpus = index.program.ngpus
         self.views = [_View(layout, ngpus, self.findings if v == 0 else []) for v, layout in enumerate(layouts)]
         self.within_race_budget = n_tbs <= MAX_RACE_TBS
-        # vector clocks only where two steps can race: where some tb writes a slot another tb touches
-        self.track_races = self.within_race_budget and _shares_written_slots(index, self.views)
-        self.clock = [np.zeros(n_tbs if self.track_races else 1, dtype=np.int32) for _ in range(n_tbs)]
+        # races are looked for only at the tbs that can race (:func:`_racing_tbs`), and vector clocks kept only for
+        # them and the tbs that happen before them (:func:`_clocked_tbs`): a fused chain's relays touch only their
+        # own chunks (dgx2 Reduce 1 GB, 32,768 steps: no clocks), a Broadcast's root shares its output slots
+        # between its copies and sends, and nothing after them comes back (0.15 s of clocks on dgx2 at 1 GB)
+        racing = _racing_tbs(index, self.views) if self.within_race_budget else set()
+        clocked = _clocked_tbs(index, racing)
+        self.checked = [t in racing for t in range(n_tbs)]
+        self.clocked = [t in clocked for t in range(n_tbs)]
+        self.clock = [np.zeros(n_tbs, dtype=np.int32) if self.clocked[t] else None for t in range(n_tbs)]
         self.kinds = [[STEP_TYPES.get(step.type) for step in tb.steps] for tb in index.tbs]   # None: unknown
         self.executed = 0
 
@@ -849,7 +880,7 @@ class _Machine:
             return True
         flags = self.published[u]
         if flags and flags[-1] >= deps:
-            if self.track_races:
+            if self.clocked[t]:
                 first = flags[bisect.bisect_left(flags, deps)]
                 np.maximum(self.clock[t], self.published_vc[u][first], out=self.clock[t])
             return True
@@ -867,7 +898,7 @@ class _Machine:
         self.taken[c] += 1
         waiter, self.room_waiter[c] = self.room_waiter[c], None
         self._wake(waiter)
-        if self.track_races:
+        if self.clocked[t]:    # (its senders are clocked too: they happen before it)
             np.maximum(self.clock[t], msg.vc, out=self.clock[t])
         return msg
 
@@ -879,7 +910,7 @@ class _Machine:
                 self.blocked[t] = ("room", c)
                 return False
             tb = self.ix.tbs[t]
-            vc = self.clock[t].copy() if self.track_races else None
+            vc = self.clock[t].copy() if self.clocked[t] else None
             self.queues[c].append(_Message(self.payload[t], vc, (tb.gpu, tb.id, k)))
             self.sent[c] += 1
             self.phase[t] = 2
@@ -894,7 +925,7 @@ class _Machine:
     def _publish(self, t: int, k: int) -> None:
         """Step ``k`` of tb ``t`` (hasdep) is done: its flag releases the tbs waiting on it."""
         self.published[t].append(k)
-        if self.track_races and (t, k) in self.ix.flag_steps:
+        if self.clocked[t] and (t, k) in self.ix.flag_steps:
             self.published_vc[t][k] = self.clock[t].copy()
         waiters, self.dep_waiters[t] = self.dep_waiters[t], []
         for u in waiters:
@@ -905,7 +936,7 @@ class _Machine:
     def _apply(self, t: int, k: int, step: Step, msg: _Message | None) -> tuple | None:
         """Do the step's local reads and writes in every layout; return the data it sends, per layout (None if it
         sends nothing)."""
-        if self.track_races:
+        if self.clocked[t]:
             self.clock[t][t] = k + 1
         kind = self.kinds[t][k]
         if kind is None or kind is _NOP:
@@ -977,10 +1008,10 @@ class _Machine:
         key_buf, first = place[1], place[2] + off
         get = view.memory[gpu][key_buf].get
         if cnt == 1:
-            if self.track_races:
+            if self.checked[t]:
                 self._access(view, view.history[gpu][key_buf], first, t, ref, False, buf, off)
             return [get(first, _EMPTY)]
-        if self.track_races:
+        if self.checked[t]:
             history = view.history[gpu][key_buf]
             for j in range(cnt):
                 self._access(view, history, first + j, t, ref, False, buf, off + j)
@@ -997,12 +1028,12 @@ class _Machine:
         memory = view.memory[gpu][key_buf]
         last_writer = view.last_writer[gpu][key_buf]
         if cnt == 1:
-            if self.track_races:
+            if self.checked[t]:
                 self._access(view, view.history[gpu][key_buf], first, t, ref, True, buf, off)
             memory[first] = value[0]
             last_writer[first] = ref
             return
-        history = view.history[gpu][key_buf] if self.track_races else None
+        history = view.history[gpu][key_buf] if self.checked[t] else None
         for j, v in enumerate(value):
             if history is not None:
                 self._access(view, history, first + j, t, ref, True, buf, off + j)
