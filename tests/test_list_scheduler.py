@@ -186,24 +186,27 @@ def test_sends_that_reach_a_shared_port_together_go_in_the_simulators_order():
     assert _simulated(retimed, topo, MB) == pytest.approx(planned)
 
 
-def _booked_both_ways(topo, coll, routes, size, tie, rule):
-    """(the chain's shortcut, the general greedy booking then its timing in the runtime's order) of one problem:
-    each (booking order, start us, arrival us), the shortcut None where it does not apply."""
+def _booked_both_ways(topo, coll, routes, size, tie, rule, fifo_depth=RUNTIME_FIFO_DEPTH):
+    """(the chain's shortcut, the general greedy booking then, with FIFOs, its timing in the runtime's order) of one
+    problem: each (booking order, start us, arrival us), the shortcut None where it does not apply."""
     nbytes = coll.chunk_bytes(size)
     table = transfer_table(topo, routes, hop_times_us(topo, nbytes))
-    chained = _along_one_chain(topo, table, nbytes, COPY, tie, rule, RUNTIME_FIFO_DEPTH)
-    order, _, _ = _book_greedily(topo, coll, table, nbytes, COPY, False, tie, rule, RUNTIME_FIFO_DEPTH)
-    general = _fastest_in_sequence(topo, table, nbytes, COPY, order, RUNTIME_FIFO_DEPTH, (1,), "chunk")
+    chained = _along_one_chain(topo, table, nbytes, COPY, tie, rule, fifo_depth)
+    general = _book_greedily(topo, coll, table, nbytes, COPY, False, tie, rule, fifo_depth)
+    if fifo_depth is not None:
+        general = _fastest_in_sequence(topo, table, nbytes, COPY, general[0], fifo_depth, (1,), "chunk")
     return chained, general
 
 
 @pytest.mark.parametrize("name, chunks, size", [("dgx2", 64, 1 << 30), ("dgx2", 5, MB), ("dgx2", 1, 1 << 10),
                                                 ("ring-4", 16, MB)])
 @pytest.mark.parametrize("rule", ["deadline", "work", "rank"])
-def test_a_chain_is_booked_directly_as_the_greedy_booking_and_its_timing_book_it(name, chunks, size, rule):
+@pytest.mark.parametrize("fifo_depth", [RUNTIME_FIFO_DEPTH, None])
+def test_a_chain_is_booked_directly_as_the_greedy_booking_and_its_timing_book_it(name, chunks, size, rule,
+                                                                                  fifo_depth):
     """Every chunk down one chain (the ring from rank 1), ranked as the tree packing ranks them (the q-th chunk
-    at progress (q + 1/2) / n; for "rank", shuffled with repeats): the shortcut gives the same booking order and
-    the same start and arrival times, to the last bit."""
+    at progress (q + 1/2) / n; for "rank", shuffled with repeats), behind the runtime's FIFOs or with unbounded
+    buffers: the shortcut gives the same booking order and the same start and arrival times, to the last bit."""
     topo = load_topology(name)
     n = topo.num_ranks
     ring = [(1 + k) % n for k in range(n)]
@@ -213,7 +216,7 @@ def test_a_chain_is_booked_directly_as_the_greedy_booking_and_its_timing_book_it
     if rule == "rank":
         progress = np.random.default_rng(7).permutation(progress).round(1).tolist()
     tie = np.array([p * 1e3 for p in progress for _ in chain])
-    chained, general = _booked_both_ways(topo, coll, [chain] * chunks, size, tie, rule)
+    chained, general = _booked_both_ways(topo, coll, [chain] * chunks, size, tie, rule, fifo_depth)
     assert chained is not None
     assert list(chained[0]) == list(general[0])
     assert chained[1].tolist() == general[1].tolist() and chained[2].tolist() == general[2].tolist()

@@ -177,7 +177,7 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
     n = len(table.chunk)
     tie = rank if rank is not None else np.zeros(n)
     chained = None
-    if rule != "sequence" and not own_first and channels == (1,) and cut == "chunk":
+    if rule != "sequence" and not own_first and (fifo_depth is None or (channels == (1,) and cut == "chunk")):
         chained = _along_one_chain(topology, table, nbytes, op, tie, rule, fifo_depth)
     if chained is not None:
         order, start, end = chained
@@ -347,21 +347,25 @@ _CHAIN_MIN_BUSY_US = 1e-6
 
 def _along_one_chain(topology: Topology, table: TransferTable, nbytes: float, op, tie, rule: str,
                      fifo_depth: int | None):
-    """(booking order, start us, arrival us) of :func:`_book_greedily` then :func:`_time_in_sequence` on one
-    channel, cut by chunk, computed directly where every chunk takes the same chain of links and no two of its
-    links share a switch port (a Broadcast down one chain: dgx2 1 GB, 2048 chunks on 15 hops, 0.3 s of the
-    general booking); None elsewhere, and wherever the shortcut could differ (then the general booking runs).
+    """(booking order, start us, arrival us) of :func:`_book_greedily` then, with the runtime's FIFOs, of
+    :func:`_time_in_sequence` on one channel, cut by chunk, computed directly where every chunk takes the same chain
+    of links and no two of its links share a switch port (a Broadcast down one chain: dgx2 1 GB, 2048 chunks on 15
+    hops, 0.3 s of the general booking); None elsewhere, and wherever the shortcut could differ (then the general
+    booking runs).
 
     On such a chain each link only ever holds the chain's messages, one per chunk, and they reach a link in the
-    order they left the link before (a relay forwards each as it is taken, and the FIFO keeps the order): so the
+    order they left the link before (a relay forwards each as it is taken, and a FIFO keeps the order): so the
     greedy booking sends the chunks down every link in its ranking at the first hop (all ready at once), provided
     that ranking is the same at every hop and consecutive messages arrive more than its tolerance apart. The timing
-    in that order is then a recurrence per link (each message starts once its chunk is taken at the link's source,
-    the message before it is on the wire and the FIFO has room), and the runtime-order booking of
-    :func:`_time_in_sequence`, which pops sends by (start, sequence, index) and only ever adds later ones, books
-    them in that sorted order. Copies only, with the runtime's FIFOs (``fifo_depth`` of at least one message)."""
+    in that order is then a recurrence per link (each message starts once its chunk is there, or taken at the
+    link's source with FIFOs, and the message before it is on the wire, and a FIFO has room). Both bookings pop
+    from a heap that only ever gets later entries than the one popped, so they book in the order of their keys:
+    :func:`_time_in_sequence` by (start, sequence, index); :func:`_book_greedily`, with unbounded buffers
+    (``fifo_depth=None``), by its links' keys (earliest start, the link's unbooked work under rule "work", the
+    ranking). Copies only.
+    """
     n = len(table.chunk)
-    if op != COPY or fifo_depth is None or fifo_depth < 1 or n == 0:
+    if op != COPY or (fifo_depth is not None and fifo_depth < 1) or n == 0:
         return None
     link_of = table.link.tolist()
     chunk_of = table.chunk.tolist()
@@ -402,6 +406,8 @@ def _along_one_chain(topology: Topology, table: TransferTable, nbytes: float, op
         keys = [prio(c * hops + h) for c in ranked]
         if any(a >= b for a, b in zip(keys, keys[1:])):
             return None
+    if fifo_depth is None:
+        return _greedy_along_one_chain(topology, clock, nbytes, link_of, path, ranked, prio, rule == "work")
     # timed hop by hop, each link's messages in the ranking (as _time_in_sequence times them)
     sequence = {li: s for s, li in enumerate(sorted(route))}     # sequences numbered in link order
     fifo = _Fifos(len(links), fifo_depth)
@@ -429,6 +435,52 @@ def _along_one_chain(topology: Topology, table: TransferTable, nbytes: float, op
             busy_until = res.busy_until_us
             last = i
     order = sorted(range(n), key=lambda i: (at[i], sequence[link_of[i]], i))
+    return order, np.array(start), np.array(end)
+
+
+def _greedy_along_one_chain(topology: Topology, clock: LinkClock, nbytes: float, link_of: list[int],
+                            path: list[int], ranked: list[int], prio, by_work: bool):
+    """:func:`_along_one_chain` with unbounded buffers: :func:`_book_greedily`'s own times and booking order.
+
+    Each message is booked when its chunk has arrived at the link's source and the link and its ports are free;
+    the greedy booking ranks a link by (when its next message can start: the link's free time, or the message's
+    arrival when later by more than the tolerance; the link's unbooked work under rule "work", its busiest resource
+    as the greedy booking counts it down; the message's ranking), and books in that order."""
+    hops, n = len(path), len(link_of)
+    links, port_bw = topology.links, clock.port_bw
+    start = [0.0] * n
+    end = [0.0] * n
+    keys: list = [None] * n
+    for position, h in enumerate(path):
+        li = link_of[h]
+        ports = links[li].ports
+        # the link's unbooked work per resource, summed and counted down as _book_greedily does
+        work = [(nbytes / (links[li].capacity_GBps * BYTES_PER_US_PER_GBPS))] + [
+            nbytes / (port_bw[p] * BYTES_PER_US_PER_GBPS) for p in ports]
+        remaining = [0.0] * len(work)
+        for _ in ranked if by_work else ():
+            remaining = [r + w for r, w in zip(remaining, work)]
+        previous_hop = path[position - 1] if position else None
+        last = None
+        for c in ranked:
+            i = c * hops + h
+            ready = end[c * hops + previous_hop] if previous_hop is not None else 0.0
+            free = clock.link_free[li]
+            for p in ports:
+                held = clock.port_free.get(p, 0.0)
+                free = held if held > free else free
+            t = free if ready <= free + _EPS else ready
+            keys[i] = (t, True, -max(remaining) if by_work else -0.0) + prio(i)[1:]
+            # the heap pops in key order only when each key is later than those of what it waits for
+            if (last is not None and t <= keys[last][0]) or (previous_hop is not None and
+                                                             t <= keys[c * hops + previous_hop][0]):
+                return None
+            res = clock.reserve(li, ready, nbytes)
+            start[i], end[i] = res.start_us, res.arrival_us
+            if by_work:
+                remaining = [r - w for r, w in zip(remaining, work)]
+            last = i
+    order = sorted(range(n), key=keys.__getitem__)
     return order, np.array(start), np.array(end)
 
 
