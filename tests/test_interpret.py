@@ -319,3 +319,12 @@ def test_only_tbs_that_share_a_written_slot_and_those_before_them_keep_vector_cl
 
     assert scope(chain_reduce(4)) == (set(), set())
     assert scope(chain_broadcast(4)) == ({0}, {0})
+
+
+def test_an_offset_beyond_any_buffer_is_out_of_range_in_the_race_scope_too():
+    """The race scope reads every step's integers as 64-bit arrays: a hand-made offset or count past them is out of
+    range there as in the run, never an exception."""
+    result = execute_program(replace_step(ring_allgather(3), 0, 0, 0, srcoff=10 ** 30))
+    assert "out-of-range" in kinds(result)
+    result = execute_program(replace_step(ring_allgather(3), 0, 0, 0, cnt=-(10 ** 30)))
+    assert not result.ok
