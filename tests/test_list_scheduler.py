@@ -11,7 +11,10 @@ from backends.msccl.lowering import lower_to_msccl
 from backends.msccl.simulate import simulate_program
 from synth.model.collectives import make_collective
 from synth.model.topology import load_topology, reverse_topology
-from synth.schedule.list_scheduler import RUNTIME_FIFO_DEPTH, list_schedule, reverse_in_time
+from synth.schedule.ir import COPY
+from synth.schedule.list_scheduler import (RUNTIME_FIFO_DEPTH, _along_one_chain, _book_greedily,
+                                           _fastest_in_sequence, hop_times_us, list_schedule, reverse_in_time,
+                                           transfer_table)
 from synth.schedule.replay import replay_data, verify
 from synth.schedule.transforms import reverse_schedule
 from synth.synthesis.trees import _pack
@@ -181,3 +184,59 @@ def test_sends_that_reach_a_shared_port_together_go_in_the_simulators_order():
     assert [t.src for t in retimed.ordered()] == sorted(senders)
     planned = verify(retimed, topo, MB).time_us
     assert _simulated(retimed, topo, MB) == pytest.approx(planned)
+
+
+def _booked_both_ways(topo, coll, routes, size, tie, rule, fifo_depth=RUNTIME_FIFO_DEPTH):
+    """(the chain's shortcut, the general greedy booking then, with FIFOs, its timing in the runtime's order) of one
+    problem: each (booking order, start us, arrival us), the shortcut None where it does not apply."""
+    nbytes = coll.chunk_bytes(size)
+    table = transfer_table(topo, routes, hop_times_us(topo, nbytes))
+    chained = _along_one_chain(topo, table, nbytes, COPY, tie, rule, fifo_depth)
+    general = _book_greedily(topo, coll, table, nbytes, COPY, False, tie, rule, fifo_depth)
+    if fifo_depth is not None:
+        general = _fastest_in_sequence(topo, table, nbytes, COPY, general[0], fifo_depth, (1,), "chunk")
+    return chained, general
+
+
+@pytest.mark.parametrize("name, chunks, size", [("dgx2", 64, 1 << 30), ("dgx2", 5, MB), ("dgx2", 1, 1 << 10),
+                                                ("ring-4", 16, MB)])
+@pytest.mark.parametrize("rule", ["deadline", "work", "rank"])
+@pytest.mark.parametrize("fifo_depth", [RUNTIME_FIFO_DEPTH, None])
+def test_a_chain_is_booked_directly_as_the_greedy_booking_and_its_timing_book_it(name, chunks, size, rule,
+                                                                                  fifo_depth):
+    """Every chunk down one chain (the ring from rank 1), ranked as the tree packing ranks them (the q-th chunk
+    at progress (q + 1/2) / n; for "rank", shuffled with repeats), behind the runtime's FIFOs or with unbounded
+    buffers: the shortcut gives the same booking order and the same start and arrival times, to the last bit."""
+    topo = load_topology(name)
+    n = topo.num_ranks
+    ring = [(1 + k) % n for k in range(n)]
+    chain = tuple(topo.link_index[(a, b)] for a, b in zip(ring, ring[1:]))
+    coll = make_collective("broadcast", n, chunks, root=1)
+    progress = [(q + 0.5) / chunks for q in range(chunks)]
+    if rule == "rank":
+        progress = np.random.default_rng(7).permutation(progress).round(1).tolist()
+    tie = np.array([p * 1e3 for p in progress for _ in chain])
+    chained, general = _booked_both_ways(topo, coll, [chain] * chunks, size, tie, rule, fifo_depth)
+    assert chained is not None
+    assert list(chained[0]) == list(general[0])
+    assert chained[1].tolist() == general[1].tolist() and chained[2].tolist() == general[2].tolist()
+
+
+def test_the_chain_shortcut_leaves_branches_and_shared_ports_to_the_general_booking():
+    """Routes that are not one chain of links with ports of their own are booked the general way: trees that
+    branch, chunks on different chains, and a chain that passes twice through one NIC (GPUs 0 and 1 of a DGX-2
+    share one)."""
+    ring = load_topology("ring-4")
+    li = ring.link_index
+    coll = make_collective("broadcast", 4, 2, root=0)
+    tie = np.zeros(6)
+    branching = (li[(0, 1)], li[(0, 3)], li[(1, 2)])
+    assert _booked_both_ways(ring, coll, [branching] * 2, MB, tie, "work")[0] is None
+    two_chains = [(li[(0, 1)], li[(1, 2)], li[(2, 3)]), (li[(0, 3)], li[(3, 2)], li[(2, 1)])]
+    assert _booked_both_ways(ring, coll, two_chains, MB, tie, "work")[0] is None
+    dgx2 = load_topology("dgx2", nodes=2)
+    li = dgx2.link_index
+    through_one_nic = (li[(0, 16)], li[(16, 1)], li[(1, 17)])
+    coll = make_collective("broadcast", 32, 2, root=0)
+    chained, general = _booked_both_ways(dgx2, coll, [through_one_nic] * 2, MB, tie, "work")
+    assert chained is None and general is not None

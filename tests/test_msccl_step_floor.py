@@ -3,12 +3,13 @@ reader's limit refused before any lowering."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import backends.msccl.fit as fit
 from backends.msccl.lowering import lower_to_msccl
 from backends.msccl.merge import merge_contiguous
-from backends.msccl.step_floor import element_floor_reason, rank_floors
+from backends.msccl.step_floor import _unique_rows, element_floor_reason, rank_floors
 from backends.msccl.writer import emit_verified_xml
 from synth.errors import BackendError
 from synth.model.collectives import make_collective
@@ -96,3 +97,11 @@ def test_peers_that_forward_nothing_take_a_threadblock_each_way():
     assert min(len(gpu.tbs) for gpu in plain.gpus) >= 14     # and one copying its own block
     reason = fit.hopeless(schedule, replace(eight, sms_per_gpu=12))
     assert reason is not None and "14" in reason and "12" in reason
+
+
+def test_the_distinct_rows_are_numpys_in_numpys_order():
+    """The connections' slots are deduplicated by one lexsort: the same rows in the same order as ``np.unique``
+    along axis 0 (repeats, negative values, and no rows at all)."""
+    rows = np.random.default_rng(3).integers(-2, 3, size=(500, 6))
+    assert np.array_equal(_unique_rows(rows), np.unique(rows, axis=0))
+    assert _unique_rows(rows[:0]).shape == (0, 6)

@@ -68,6 +68,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cached_property
+from operator import attrgetter
 from typing import NamedTuple, Sequence
 
 import numpy as np
@@ -700,6 +701,121 @@ class _View:
         return places
 
 
+def _slot_accesses(kind: tuple | None) -> tuple[tuple[bool, bool], ...]:
+    """The slots a step of this kind (:data:`~backends.msccl.ir.STEP_TYPES`) touches in
+    :meth:`_Machine._apply`: (of its destination, not its source; written) for each, in that order."""
+    if kind is None or kind is _NOP:
+        return ()
+    rec, _snd, red, writes = kind
+    return ((((False, False),) if not rec or red else ()) + (((True, False),) if not rec and red else ())
+            + (((True, True),) if writes else ()))
+
+
+_SLOT_ACCESSES = {name: _slot_accesses(kind) for name, kind in STEP_TYPES.items()}
+
+
+_STEP_SLOTS = attrgetter("type", "srcbuf", "srcoff", "dstbuf", "dstoff", "cnt")
+_SLOT_INDEX_BITS = 32     # a slot's key: (gpu, key buffer) above its index (in range: below 2**32)
+_ACCESS_PATTERNS = ((False, False), (True, False), (True, True))    # (of the destination, written), in that order
+_TYPE_CODES = {name: code for code, name in enumerate(_SLOT_ACCESSES, start=1)}     # 0: an unknown type
+# per access pattern, whether each step type (by code) makes it
+_MAKES = tuple(np.array([False] + [pattern in _SLOT_ACCESSES[name] for name in _TYPE_CODES], bool)
+               for pattern in _ACCESS_PATTERNS)
+
+
+def _racing_tbs(index: ProgramIndex, views: list[_View]) -> set[int]:
+    """The tbs that touch a chunk slot, in some run mode (``views``), that another tb also touches, one of them
+    writing it: only their steps can race (a tb runs its steps in order, and a race is two steps on one slot, one
+    writing). Each step touches the slots :meth:`_Machine._apply` reads and writes, where they are in range.
+
+    On arrays (every step's fields read once; each mode's slots grouped by sorting): a pass over the steps in Python
+    cost a fifth of the run it spares on a dgx1 Allgather whose tbs nearly all share slots."""
+    fields = [f for tb in index.tbs for f in map(_STEP_SLOTS, tb.steps)]
+    if not fields:
+        return set()
+    tb_of = np.repeat(np.arange(len(index.tbs)), [len(tb.steps) for tb in index.tbs])
+    gpu_of = np.array([tb.gpu for tb in index.tbs], np.int64)[tb_of]
+    kinds, src_buf, src_off, dst_buf, dst_off, cnt = zip(*fields)
+    buffer_code = {b: k for k, b in enumerate(BUFFERS)}
+    unknown = len(BUFFERS)     # a buffer no layout has: never in range
+    kind = np.array([_TYPE_CODES.get(k, 0) for k in kinds], np.int64)
+    cnt = _int_array(cnt)
+    src = (np.array([buffer_code.get(b, unknown) for b in src_buf], np.int64), _int_array(src_off))
+    dst = (np.array([buffer_code.get(b, unknown) for b in dst_buf], np.int64), _int_array(dst_off))
+    # (steps, buffer, offset, written) of each access pattern some step makes
+    parts = []
+    for makes, (of_dst, write) in zip(_MAKES, _ACCESS_PATTERNS):
+        steps = np.flatnonzero(makes[kind] & (cnt >= 1))
+        if len(steps):
+            buf, off = dst if of_dst else src
+            parts.append((steps, buf[steps], off[steps], write))
+    racing: set[int] = set()
+    for view in views if parts else ():
+        # per (gpu, buffer): its size (unknown buffers: -1), the buffer it lives in and its first index there
+        size = np.full((len(view.places), unknown + 1), -1, np.int64)
+        key_buf, base = np.zeros_like(size), np.zeros_like(size)
+        for g, places in enumerate(view.places):
+            for b, (n, kb, first) in places.items():
+                size[g, buffer_code[b]], key_buf[g, buffer_code[b]], base[g, buffer_code[b]] = n, buffer_code[kb], first
+        keys, tbs, writes = [], [], []
+        for steps, b, o, write in parts:
+            g, c = gpu_of[steps], cnt[steps]
+            ok = (o >= 0) & (o + c <= size[g, b])
+            steps, g, b, o, c = steps[ok], g[ok], b[ok], o[ok], c[ok]
+            # one row per slot: a step of cnt > 1 touches cnt slots in a row
+            within = np.arange(int(c.sum())) - np.repeat(np.cumsum(c) - c, c)
+            keys.append(np.repeat(((g * (unknown + 1) + key_buf[g, b]) << _SLOT_INDEX_BITS) + base[g, b] + o, c)
+                        + within)
+            tbs.append(np.repeat(tb_of[steps], c))
+            writes.append(np.full(len(within), write))
+        key, tb, write = np.concatenate(keys), np.concatenate(tbs), np.concatenate(writes)
+        if not len(key):
+            continue
+        order = np.lexsort((tb, key))
+        key, tb, write = key[order], tb[order], write[order]
+        starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        ends = np.r_[starts[1:], len(key)] - 1
+        # a slot's tbs are sorted: several when its first and last differ
+        shared = (tb[starts] != tb[ends]) & np.logical_or.reduceat(write, starts)
+        racing.update(np.unique(tb[np.repeat(shared, ends - starts + 1)]).tolist())
+    return racing
+
+
+def _int_array(values) -> np.ndarray:
+    """Step integers (offsets, counts) as an array; one beyond 2**40 either way (a hand-made program's: parsed
+    files hold 32-bit ones) as 2**40, which no buffer holds either."""
+    try:
+        return np.array(values, np.int64)
+    except OverflowError:
+        return np.array([v if -(1 << 40) < v < 1 << 40 else 1 << 40 for v in values], np.int64)
+
+
+def _clocked_tbs(index: ProgramIndex, racing: set[int]) -> set[int]:
+    """``racing`` and every tb whose steps can happen before one of theirs (through a message or a dependency, over
+    any number of tbs): the tbs whose vector clocks the race analysis reads. A clock's entry for a tb is only ever
+    raised from that tb's own steps and the clocks merged into it, so these clocks are exact without the others
+    (a Broadcast's relays never send back to the root, whose copies and sends share its output slots)."""
+    if not racing:
+        return set()
+    senders: dict[int, list[int]] = {}
+    for t, tb in enumerate(index.tbs):
+        if tb.out_conn is not None:
+            senders.setdefault(tb.out_conn, []).append(t)
+    before: list[set[int]] = [set() for _ in index.tbs]     # tb -> the tbs it merges clocks from
+    for t, tb in enumerate(index.tbs):
+        if tb.in_conn is not None:
+            before[t].update(senders.get(tb.in_conn, ()))
+        before[t].update(u for u in tb.dep_tb if u is not None)
+    clocked = set(racing)
+    frontier = list(racing)
+    while frontier:
+        for u in before[frontier.pop()]:
+            if u not in clocked:
+                clocked.add(u)
+                frontier.append(u)
+    return clocked
+
+
 class _Machine:
     """Mutable state of one run at one FIFO depth; ``run`` returns a frozen :class:`RunOutcome` per layout.
 
@@ -715,8 +831,6 @@ class _Machine:
         self.pc = [0] * n_tbs
         self.phase = [0] * n_tbs                       # 1: applied, to post; 2: posted (rendezvous: until taken)
         self.payload = [None] * n_tbs                  # data waiting to be sent in phase 1
-        self.track_races = n_tbs <= MAX_RACE_TBS
-        self.clock = [np.zeros(n_tbs if self.track_races else 1, dtype=np.int32) for _ in range(n_tbs)]
         self.queues = [deque() for _ in range(n_conns)]
         self.sent = [0] * n_conns
         self.taken = [0] * n_conns
@@ -731,6 +845,16 @@ class _Machine:
         self.findings: list[Finding] = []
         ngpus = index.program.ngpus
         self.views = [_View(layout, ngpus, self.findings if v == 0 else []) for v, layout in enumerate(layouts)]
+        self.within_race_budget = n_tbs <= MAX_RACE_TBS
+        # races are looked for only at the tbs that can race (:func:`_racing_tbs`), and vector clocks kept only for
+        # them and the tbs that happen before them (:func:`_clocked_tbs`): a fused chain's relays touch only their
+        # own chunks (dgx2 Reduce 1 GB, 32,768 steps: no clocks), a Broadcast's root shares its output slots
+        # between its copies and sends, and nothing after them comes back (0.15 s of clocks on dgx2 at 1 GB)
+        racing = _racing_tbs(index, self.views) if self.within_race_budget else set()
+        clocked = _clocked_tbs(index, racing)
+        self.checked = [t in racing for t in range(n_tbs)]
+        self.clocked = [t in clocked for t in range(n_tbs)]
+        self.clock = [np.zeros(n_tbs, dtype=np.int32) if self.clocked[t] else None for t in range(n_tbs)]
         self.kinds = [[STEP_TYPES.get(step.type) for step in tb.steps] for tb in index.tbs]   # None: unknown
         self.executed = 0
 
@@ -751,7 +875,7 @@ class _Machine:
         outcomes = []
         for view in self.views:
             view.findings += self._race_findings(view)
-            if not self.track_races:
+            if not self.within_race_budget:
                 view.findings.append(Finding("race", f"race analysis skipped: {len(self.ix.tbs)} threadblocks "
                                              f"exceed the vector-clock budget of {MAX_RACE_TBS}", "warning"))
             outcomes.append(RunOutcome(self.depth, completed, self.executed, tuple(view.findings), cycle,
@@ -796,7 +920,7 @@ class _Machine:
             return True
         flags = self.published[u]
         if flags and flags[-1] >= deps:
-            if self.track_races:
+            if self.clocked[t]:
                 first = flags[bisect.bisect_left(flags, deps)]
                 np.maximum(self.clock[t], self.published_vc[u][first], out=self.clock[t])
             return True
@@ -814,7 +938,7 @@ class _Machine:
         self.taken[c] += 1
         waiter, self.room_waiter[c] = self.room_waiter[c], None
         self._wake(waiter)
-        if self.track_races:
+        if self.clocked[t]:    # (its senders are clocked too: they happen before it)
             np.maximum(self.clock[t], msg.vc, out=self.clock[t])
         return msg
 
@@ -826,7 +950,7 @@ class _Machine:
                 self.blocked[t] = ("room", c)
                 return False
             tb = self.ix.tbs[t]
-            vc = self.clock[t].copy() if self.track_races else None
+            vc = self.clock[t].copy() if self.clocked[t] else None
             self.queues[c].append(_Message(self.payload[t], vc, (tb.gpu, tb.id, k)))
             self.sent[c] += 1
             self.phase[t] = 2
@@ -841,7 +965,7 @@ class _Machine:
     def _publish(self, t: int, k: int) -> None:
         """Step ``k`` of tb ``t`` (hasdep) is done: its flag releases the tbs waiting on it."""
         self.published[t].append(k)
-        if self.track_races and (t, k) in self.ix.flag_steps:
+        if self.clocked[t] and (t, k) in self.ix.flag_steps:
             self.published_vc[t][k] = self.clock[t].copy()
         waiters, self.dep_waiters[t] = self.dep_waiters[t], []
         for u in waiters:
@@ -852,7 +976,7 @@ class _Machine:
     def _apply(self, t: int, k: int, step: Step, msg: _Message | None) -> tuple | None:
         """Do the step's local reads and writes in every layout; return the data it sends, per layout (None if it
         sends nothing)."""
-        if self.track_races:
+        if self.clocked[t]:
             self.clock[t][t] = k + 1
         kind = self.kinds[t][k]
         if kind is None or kind is _NOP:
@@ -924,10 +1048,10 @@ class _Machine:
         key_buf, first = place[1], place[2] + off
         get = view.memory[gpu][key_buf].get
         if cnt == 1:
-            if self.track_races:
+            if self.checked[t]:
                 self._access(view, view.history[gpu][key_buf], first, t, ref, False, buf, off)
             return [get(first, _EMPTY)]
-        if self.track_races:
+        if self.checked[t]:
             history = view.history[gpu][key_buf]
             for j in range(cnt):
                 self._access(view, history, first + j, t, ref, False, buf, off + j)
@@ -944,12 +1068,12 @@ class _Machine:
         memory = view.memory[gpu][key_buf]
         last_writer = view.last_writer[gpu][key_buf]
         if cnt == 1:
-            if self.track_races:
+            if self.checked[t]:
                 self._access(view, view.history[gpu][key_buf], first, t, ref, True, buf, off)
             memory[first] = value[0]
             last_writer[first] = ref
             return
-        history = view.history[gpu][key_buf] if self.track_races else None
+        history = view.history[gpu][key_buf] if self.checked[t] else None
         for j, v in enumerate(value):
             if history is not None:
                 self._access(view, history, first + j, t, ref, True, buf, off + j)

@@ -119,23 +119,24 @@ def _plan_ops(schedule: Schedule, fuse: bool, index: _TransferIndex | None = Non
 
     # Transfers are keyed by id() here and below: they are the schedule's own objects, and hashing a frozen
     # dataclass of seven fields on every lookup dominated lowering large schedules.
-    fused_at = defaultdict(dict)     # (rank, chunk) -> {id(receive): the send fused into it}
+    fused_at = {}     # (rank, chunk) -> (id(its last receive), the send fused into that receive)
     if fuse:
         for key, sends in sends_at.items():
             recvs = recvs_at.get(key)
             if not recvs:
                 continue
             last = recvs[-1]
-            first_after = next((s for s in sends if s.step > last.step), None)
-            if first_after is not None and first_after.op == last.op:
-                fused_at[key][id(last)] = first_after
+            for first_after in sends:       # the first send after the last receive
+                if first_after.step > last.step:
+                    if first_after.op == last.op:
+                        fused_at[key] = (id(last), first_after)
+                    break
     touched_at = defaultdict(set)    # rank -> chunks it receives or sends
     for rank, chunk in recvs_at:
         touched_at[rank].add(chunk)
     for rank, chunk in sends_at:
         touched_at[rank].add(chunk)
     slot, inputs, outputs, combining = layout.slot, indices.inputs, indices.outputs, coll.combining
-    no_fused: dict = {}
     for plan in plans:
         r = plan.rank
         ops = plan.ops
@@ -144,18 +145,25 @@ def _plan_ops(schedule: Schedule, fuse: bool, index: _TransferIndex | None = Non
             recvs = recvs_at.get(key, ())
             sends = sends_at.get(key, ())
             out = outputs[chunk].get(r)
-            home = slot[key] if key in slot else ("o", out)
+            home = slot.get(key)
+            if home is None:
+                home = ("o", out)
             own_index = inputs[chunk].get(r)
             own = None if own_index is None else ("i", own_index)
-            fused_send = fused_at.get(key, no_fused)
+            fused_recv, fused_send = fused_at.get(key, (None, None))
             partial = own  # where this rank's current partial sum of a reduced chunk lives
             for t in recvs:
-                send = fused_send.get(id(t))
+                send = fused_send if id(t) == fused_recv else None
                 if t.op == REDUCE and partial is not None:
                     src = partial
                     if send:
-                        reads_later = any(s.step > t.step and s is not send for s in sends)
-                        kind = "rrcs" if reads_later or home[0] == "o" else "rrs"
+                        reads_later = home[0] == "o"
+                        if not reads_later:
+                            for s in sends:
+                                if s.step > t.step and s is not send:
+                                    reads_later = True
+                                    break
+                        kind = "rrcs" if reads_later else "rrs"
                     else:
                         kind = "rrc"
                     if kind != "rrs":
@@ -165,12 +173,15 @@ def _plan_ops(schedule: Schedule, fuse: bool, index: _TransferIndex | None = Non
                     kind = "rcs" if send else "r"
                     partial = home
                 ops.append(_Op(kind, t, send, src, home, (t.step, 1, chunk, t.src), (), (), kind != "rrs"))
-            fused = {id(f) for f in fused_send.values()} if fused_send else ()
             for s in sends:
-                if fused and id(s) in fused:
+                if s is fused_send:
                     continue
                 if s.op == REDUCE:
-                    received_reduced = any(t.op == REDUCE for t in recvs if t.step < s.step)
+                    received_reduced = False
+                    for t in recvs:
+                        if t.op == REDUCE and t.step < s.step:
+                            received_reduced = True
+                            break
                     src = home if received_reduced else (own or home)
                 else:
                     # a rank's own chunk that it also outputs is sent from the output copy (made first by a

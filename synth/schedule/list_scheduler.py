@@ -84,6 +84,13 @@ class TransferTable:
     children: tuple[tuple[int, ...], ...]
 
 
+def hop_times_us(topology: Topology, nbytes: float) -> np.ndarray:
+    """Per link, the time one message of ``nbytes`` takes from its start to its arrival: alpha plus its bytes at
+    the link's bandwidth (us)."""
+    cap = np.array([l.capacity_GBps for l in topology.links])
+    return np.array([l.alpha_us for l in topology.links]) + nbytes / (cap * BYTES_PER_US_PER_GBPS)
+
+
 def transfer_table(topology: Topology, route_links, hop_us: np.ndarray) -> TransferTable:
     """Flatten per-chunk routes (tuples of link indices forming an out-tree or an in-tree) into a
     :class:`TransferTable`; raises ValueError when a route's transfers wait for each other in a cycle."""
@@ -166,18 +173,20 @@ def list_schedule(topology: Topology, collective: Collective, route_links, size_
         raise ValueError(f"unknown rule {rule!r}; use work, tail, rank, deadline or sequence")
     op = REDUCE if collective.combining else COPY
     nbytes = collective.chunk_bytes(size_bytes)
-    cap = np.array([l.capacity_GBps for l in topology.links])
-    alpha = np.array([l.alpha_us for l in topology.links])
-    hop = alpha + nbytes / (cap * BYTES_PER_US_PER_GBPS)
-    table = transfer_table(topology, route_links, hop)
+    table = transfer_table(topology, route_links, hop_times_us(topology, nbytes))
     n = len(table.chunk)
     tie = rank if rank is not None else np.zeros(n)
-    if rule == "sequence":
+    chained = None
+    if rule != "sequence" and not own_first and (fifo_depth is None or (channels == (1,) and cut == "chunk")):
+        chained = _along_one_chain(topology, table, nbytes, op, tie, rule, fifo_depth)
+    if chained is not None:
+        order, start, end = chained
+    elif rule == "sequence":
         order = sorted(range(n), key=lambda i: (tie[i], i))
     else:
         order, start, end = _book_greedily(topology, collective, table, nbytes, op, own_first, tie, rule,
                                            fifo_depth)
-    if rule == "sequence" or fifo_depth is not None:
+    if chained is None and (rule == "sequence" or fifo_depth is not None):
         order, start, end = _fastest_in_sequence(topology, table, nbytes, op, order, fifo_depth, channels, cut)
     steps = number_steps(topology, table.link, table.preds, order, table.chunk if op == REDUCE else None)
     return Schedule(collective, topology.name, _transfers(topology, table, order, steps, op, start, end),
@@ -241,13 +250,7 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
     fifo = _Fifos(nlinks, fifo_depth)
     dst_of = [topology.links[li].dst for li in range(nlinks)]
 
-    by_rank = rule == "rank"
-    by_deadline = rule == "deadline"
-
-    def prio(i: int):
-        if by_deadline:
-            return (not own[i], tie[i] - tail[i], i)
-        return (not own[i], tie[i], -tail[i], i) if by_rank else (not own[i], -tail[i], tie[i], i)
+    prio = _priority(rule, own, tie, tail)
 
     def link_key(li: int):
         """(est, own, -urgency, -tail, tie, i) of the best transfer on link ``li``, or None.
@@ -325,6 +328,160 @@ def _book_greedily(topology: Topology, collective: Collective, table: TransferTa
                     push(link_of[k])
         push(li)
     return booked_order, np.array(start), np.array(end)
+
+
+def _priority(rule: str, own: list, tie: list, tail: list):
+    """How the greedy booking ranks transfers that can start at once (smaller first): ``prio(i)``, a tuple (see
+    ``rule`` in :func:`list_schedule`)."""
+    if rule == "deadline":
+        return lambda i: (not own[i], tie[i] - tail[i], i)
+    if rule == "rank":
+        return lambda i: (not own[i], tie[i], -tail[i], i)
+    return lambda i: (not own[i], -tail[i], tie[i], i)
+
+
+# A chain's fast path (:func:`_along_one_chain`) needs a link's messages to arrive further apart than the greedy
+# booking's tolerance for "ready at once" (``_EPS``): each holds its link at least this long (us)
+_CHAIN_MIN_BUSY_US = 1e-6
+
+
+def _along_one_chain(topology: Topology, table: TransferTable, nbytes: float, op, tie, rule: str,
+                     fifo_depth: int | None):
+    """(booking order, start us, arrival us) of :func:`_book_greedily` then, with the runtime's FIFOs, of
+    :func:`_time_in_sequence` on one channel, cut by chunk, computed directly where every chunk takes the same chain
+    of links and no two of its links share a switch port (a Broadcast down one chain: dgx2 1 GB, 2048 chunks on 15
+    hops, 0.3 s of the general booking); None elsewhere, and wherever the shortcut could differ (then the general
+    booking runs).
+
+    On such a chain each link only ever holds the chain's messages, one per chunk, and they reach a link in the
+    order they left the link before (a relay forwards each as it is taken, and a FIFO keeps the order): so the
+    greedy booking sends the chunks down every link in its ranking at the first hop (all ready at once), provided
+    that ranking is the same at every hop and consecutive messages arrive more than its tolerance apart. The timing
+    in that order is then a recurrence per link (each message starts once its chunk is there, or taken at the
+    link's source with FIFOs, and the message before it is on the wire, and a FIFO has room). Both bookings pop
+    from a heap that only ever gets later entries than the one popped, so they book in the order of their keys:
+    :func:`_time_in_sequence` by (start, sequence, index); :func:`_book_greedily`, with unbounded buffers
+    (``fifo_depth=None``), by its links' keys (earliest start, the link's unbooked work under rule "work", the
+    ranking). Copies only.
+    """
+    n = len(table.chunk)
+    if op != COPY or (fifo_depth is not None and fifo_depth < 1) or n == 0:
+        return None
+    link_of = table.link.tolist()
+    chunk_of = table.chunk.tolist()
+    preds, children = table.preds, table.children
+    # the first chunk's transfers: a path (one starts it, each other follows exactly one, none branches)
+    hops = next((i for i in range(n) if chunk_of[i] != chunk_of[0]), n)
+    if n % hops:
+        return None
+    path = [i for i in range(hops) if not preds[i]]
+    if len(path) != 1:
+        return None
+    while len(path) < hops:
+        kids = children[path[-1]]
+        if len(kids) != 1:
+            return None
+        path.append(kids[0])
+    if any(len(children[i]) > 1 for i in range(hops)):
+        return None
+    # every chunk takes those links, in the same positions, one chunk after the other in the table
+    route = link_of[:hops]
+    chunks = n // hops
+    if link_of != route * chunks or any(chunk_of[c * hops] != chunk_of[c * hops + hops - 1] or
+                                        (c and chunk_of[c * hops] == chunk_of[c * hops - 1]) for c in range(chunks)):
+        return None
+    links = topology.links
+    resources = [("l", li) for li in route] + [p for li in route for p in links[li].ports]
+    if len(set(resources)) != len(resources):
+        return None
+    clock = LinkClock(topology)
+    if min(clock.duration_us(li, nbytes) for li in route) <= _CHAIN_MIN_BUSY_US:
+        return None
+    # the ranking at the first hop, the same at every hop
+    tail = table.tail_us.tolist()
+    tie = np.asarray(tie).tolist()
+    prio = _priority(rule, [False] * n, tie, tail)
+    ranked = sorted(range(chunks), key=lambda c: prio(c * hops + path[0]))
+    for h in path[1:]:
+        keys = [prio(c * hops + h) for c in ranked]
+        if any(a >= b for a, b in zip(keys, keys[1:])):
+            return None
+    if fifo_depth is None:
+        return _greedy_along_one_chain(topology, clock, nbytes, link_of, path, ranked, prio, rule == "work")
+    # timed hop by hop, each link's messages in the ranking (as _time_in_sequence times them)
+    sequence = {li: s for s, li in enumerate(sorted(route))}     # sequences numbered in link order
+    fifo = _Fifos(len(links), fifo_depth)
+    reserve, take, room_us = clock.reserve, fifo.take, fifo.room_us
+    start = [0.0] * n
+    end = [0.0] * n
+    at = [0.0] * n           # when each send may go: the key _time_in_sequence books it by
+    usable = [0.0] * n       # when each message's data is taken at its destination
+    for position, h in enumerate(path):
+        li = link_of[h]
+        previous_hop = path[position - 1] if position else None
+        busy_until = 0.0
+        last = None
+        for c in ranked:
+            i = c * hops + h
+            ready = usable[c * hops + previous_hop] if previous_hop is not None else 0.0
+            go = max(busy_until, ready, room_us(li))
+            # sends pop from _time_in_sequence's heap in (at, sequence, index) order only when each goes strictly
+            # after what it waits for (a later push never sorts before an earlier pop)
+            if (last is not None and go <= at[last]) or (previous_hop is not None and go <= at[i - h + previous_hop]):
+                return None
+            res = reserve(li, go, nbytes)
+            at[i], start[i], end[i] = go, res.start_us, res.arrival_us
+            usable[i] = take(li, None, res.arrival_us)
+            busy_until = res.busy_until_us
+            last = i
+    order = sorted(range(n), key=lambda i: (at[i], sequence[link_of[i]], i))
+    return order, np.array(start), np.array(end)
+
+
+def _greedy_along_one_chain(topology: Topology, clock: LinkClock, nbytes: float, link_of: list[int],
+                            path: list[int], ranked: list[int], prio, by_work: bool):
+    """:func:`_along_one_chain` with unbounded buffers: :func:`_book_greedily`'s own times and booking order.
+
+    Each message is booked when its chunk has arrived at the link's source and the link and its ports are free;
+    the greedy booking ranks a link by (when its next message can start: the link's free time, or the message's
+    arrival when later by more than the tolerance; the link's unbooked work under rule "work", its busiest resource
+    as the greedy booking counts it down; the message's ranking), and books in that order."""
+    hops, n = len(path), len(link_of)
+    links, port_bw = topology.links, clock.port_bw
+    start = [0.0] * n
+    end = [0.0] * n
+    keys: list = [None] * n
+    for position, h in enumerate(path):
+        li = link_of[h]
+        ports = links[li].ports
+        # the link's unbooked work per resource, summed and counted down as _book_greedily does
+        work = [(nbytes / (links[li].capacity_GBps * BYTES_PER_US_PER_GBPS))] + [
+            nbytes / (port_bw[p] * BYTES_PER_US_PER_GBPS) for p in ports]
+        remaining = [0.0] * len(work)
+        for _ in ranked if by_work else ():
+            remaining = [r + w for r, w in zip(remaining, work)]
+        previous_hop = path[position - 1] if position else None
+        last = None
+        for c in ranked:
+            i = c * hops + h
+            ready = end[c * hops + previous_hop] if previous_hop is not None else 0.0
+            free = clock.link_free[li]
+            for p in ports:
+                held = clock.port_free.get(p, 0.0)
+                free = held if held > free else free
+            t = free if ready <= free + _EPS else ready
+            keys[i] = (t, True, -max(remaining) if by_work else -0.0) + prio(i)[1:]
+            # the heap pops in key order only when each key is later than those of what it waits for
+            if (last is not None and t <= keys[last][0]) or (previous_hop is not None and
+                                                             t <= keys[c * hops + previous_hop][0]):
+                return None
+            res = clock.reserve(li, ready, nbytes)
+            start[i], end[i] = res.start_us, res.arrival_us
+            if by_work:
+                remaining = [r - w for r, w in zip(remaining, work)]
+            last = i
+    order = sorted(range(n), key=keys.__getitem__)
+    return order, np.array(start), np.array(end)
 
 
 def _fastest_in_sequence(topology: Topology, table: TransferTable, nbytes: float, op, order, fifo_depth,
@@ -636,9 +793,7 @@ def book_in_order(topology: Topology, collective: Collective, route_links, size_
     chunk is at its source and its link and ports are free, as the replay does.
     """
     nbytes = collective.chunk_bytes(size_bytes)
-    cap = np.array([l.capacity_GBps for l in topology.links])
-    hop = np.array([l.alpha_us for l in topology.links]) + nbytes / (cap * BYTES_PER_US_PER_GBPS)
-    table = transfer_table(topology, route_links, hop)
+    table = transfer_table(topology, route_links, hop_times_us(topology, nbytes))
     n = len(table.chunk)
     order = sorted(range(n), key=lambda i: (position[(int(table.chunk[i]), int(table.link[i]))], i))
     clock = LinkClock(topology)
