@@ -212,3 +212,12 @@ def test_the_runtime_limits_are_checked_on_the_routes_as_the_schedule_will_have_
         planned.update(packing.connections())
     schedule, _ = _schedule(problem, GB, SolverOptions(), packed)
     assert planned == Counter((t.src, t.dst) for t in schedule.transfers)
+
+
+def test_a_symmetric_packing_keeps_one_root_per_commodity():
+    # dgx-a100 Allgather packs one representative for its 8 roots; the phase must still say 8 roots, or its
+    # ReduceScatter would be reversed as a one-root Reduce and booked by deadline
+    from synth.solver.highs import SolverOptions
+    from synth.synthesis.trees import _pack
+    phase = _pack(load_topology("dgx-a100"), "allgather", GB, None, 8, SolverOptions())
+    assert len(phase.packing.commodities) == 1 and phase.roots == 8

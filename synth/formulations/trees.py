@@ -358,7 +358,6 @@ def solve_packing(topology: Topology, commodities, chunks: int, integer: bool = 
 # the parent choices to try, is at most this: dgx1 has 4^7 = 16,384 (0.05 s); a switch's all-pairs links have
 # 7^7 on eight ranks, and its broadcast is a chain anyway.
 MAX_PARENT_CHOICES = 50_000
-UNITS_TOLERANCE = 1e-9
 
 
 def shallow_packing(topology: Topology, commodity: Commodity, chunks: int, floor_units: float,

@@ -377,7 +377,6 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
                                          fifo_depth=_COPY_BOOKING, **_by_progress(phase)), [phase]
 
 
-
 def _by_progress(phase: _Phase) -> dict:
     """How the list scheduler orders the packing's transfers. Every chunk's rank is its progress through its tree
     (``(q + 1/2) / n`` for the q-th of a tree's n chunks), so the trees sharing a link take turns in proportion to
@@ -432,23 +431,25 @@ def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: i
     packing = solve_packing(topology, commodities, chunks, integer=True, group=group, options=options,
                             floor_units=fractional_units, fewest_links=name == "broadcast",
                             start_trees=_ring_chain(topology, commodities) if name == "broadcast" else None)
+    roots = len(commodities)
     phase = _phase(topology, name, coll, packing, [decompose(topology, rep, packing.counts[k], chunks)
                                                     for k, rep in enumerate(packing.commodities)],
-                   fractional_units, size_bytes)
+                   roots, fractional_units, size_bytes)
     shallow = shallow_packing(topology, commodities[0], chunks, fractional_units, options) \
         if name == "broadcast" else None
     if shallow is not None and shallow[0].units <= packing.units * (1 + 1e-9):
-        other = _booked(topology, coll, _phase(topology, name, coll, shallow[0], [shallow[1]], fractional_units,
-                                               size_bytes), size_bytes)
+        other = _booked(topology, coll, _phase(topology, name, coll, shallow[0], [shallow[1]], roots,
+                                               fractional_units, size_bytes), size_bytes)
         phase = _booked(topology, coll, phase, size_bytes)
         if _end_us(other.booked) <= _end_us(phase.booked):
             phase = other
     return phase
 
 
-def _phase(topology: Topology, name: str, coll, packing: Packing, trees_of, fractional_units: float,
+def _phase(topology: Topology, name: str, coll, packing: Packing, trees_of, roots: int, fractional_units: float,
            size_bytes: float) -> _Phase:
-    """Every chunk's route and progress from a packing and its representatives' trees (``trees_of[k]``)."""
+    """Every chunk's route and progress from a packing and its representatives' trees (``trees_of[k]``);
+    ``roots``: the demand's commodities (a symmetric packing solves fewer representatives)."""
     chunks = packing.chunks
     routes: list[tuple[int, ...]] = [()] * len(coll.chunks)
     progress = [0.0] * len(coll.chunks)
@@ -466,7 +467,7 @@ def _phase(topology: Topology, name: str, coll, packing: Packing, trees_of, frac
                     progress[ids[j]] = (q + 0.5) / tree.chunks
                     j += 1
                 num_trees += 1
-    return _Phase(tuple(routes), tuple(progress), len(packing.commodities), packing, fractional_units, num_trees,
+    return _Phase(tuple(routes), tuple(progress), roots, packing, fractional_units, num_trees,
                   coll.chunk_bytes(size_bytes))
 
 
