@@ -8,7 +8,7 @@ import pytest
 
 from synth.bounds.physical import bandwidth_bound_us
 from synth.formulations.routes import resource_keys
-from synth.formulations.trees import (Commodity, _arborescences, _tree_model, shallow_packing)
+from synth.formulations.trees import Commodity, _arborescences, _tree_model, shallow_packing, tree_loads
 from synth.model.collectives import make_collective
 from synth.model.topology import load_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
@@ -66,14 +66,8 @@ def test_dgx1_broadcast_takes_depth_4_trees_at_the_rate():
     assert np.array_equal(packing.counts[0], np.bincount(
         [li for t in trees for li in t.links for _ in range(t.chunks)], minlength=len(topo.links)))
     # no packing of depth-3 trees reaches the rate: it needs 20% more time
-    listed = [links for links, depth in _arborescences(topo, 0) if depth <= 3]
-    resources = list(bandwidth)
-    matrix = np.zeros((len(resources), len(listed)))
-    for j, links in enumerate(listed):
-        for li in links:
-            for key in per_link[li]:
-                matrix[resources.index(key), j] += 1
-    lp = solve_model(_tree_model(matrix, np.array([bandwidth[k] for k in resources]), 1024, integer=False))
+    matrix, capacity = tree_loads(topo, [links for links, depth in _arborescences(topo, 0) if depth <= 3])
+    lp = solve_model(_tree_model(matrix, capacity, 1024, integer=False))
     assert lp.x[-1] == pytest.approx(floor * 1.2, rel=1e-9)
 
 

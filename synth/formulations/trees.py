@@ -385,16 +385,9 @@ def shallow_packing(topology: Topology, commodity: Commodity, chunks: int, floor
     listed = _arborescences(topology, commodity.root)
     if listed is None:
         return None
-    per_link, bandwidth = resource_keys(topology)
-    resource_index = {key: i for i, key in enumerate(bandwidth)}
-    capacity = np.array(list(bandwidth.values()), dtype=float)
     for depth in sorted({d for _, d in listed}):
         trees = [links for links, d in listed if d <= depth]
-        load = np.zeros((len(capacity), len(trees)))
-        for j, links in enumerate(trees):
-            for li in links:
-                for key in per_link[li]:
-                    load[resource_index[key], j] += 1
+        load, capacity = tree_loads(topology, trees)
         lp = solve_model(_tree_model(load, capacity, chunks, integer=False), options)
         if lp.x is None or lp.x[-1] > floor_units * (1 + 1e-7):
             continue
@@ -411,6 +404,19 @@ def shallow_packing(topology: Topology, commodity: Commodity, chunks: int, floor
         return Packing((commodity,), ((tuple(range(topology.num_ranks)),),), chunks, units, link_counts, OPTIMAL,
                        units / floor_units - 1, lp.seconds + milp.seconds), chosen
     return None
+
+
+def tree_loads(topology: Topology, trees) -> tuple[np.ndarray, np.ndarray]:
+    """Per resource of :func:`~synth.formulations.routes.resource_keys` (rows) and tree (columns, link indices),
+    how many times one chunk down the tree crosses it; and each resource's bandwidth (GB/s)."""
+    per_link, bandwidth = resource_keys(topology)
+    resource_index = {key: i for i, key in enumerate(bandwidth)}
+    load = np.zeros((len(bandwidth), len(trees)))
+    for j, links in enumerate(trees):
+        for li in links:
+            for key in per_link[li]:
+                load[resource_index[key], j] += 1
+    return load, np.array(list(bandwidth.values()), dtype=float)
 
 
 def _tree_model(load: np.ndarray, capacity: np.ndarray, chunks: int, integer: bool) -> Model:

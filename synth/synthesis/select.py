@@ -124,7 +124,7 @@ TREE_CHUNK_OPTIONS = (256, 128, 64, 32, 16)
 # formulation can be more than that faster, and on single nodes at large sizes none was (the routed MILP ran its
 # whole time limit on dgx2 Broadcast 1 GB, 250 s on 2 busy cores, for 38% of the limit, and left no time for trees).
 # 2%: the runtimes' XML reader caps a branching tree's pipelining at 1024 chunks per rank (chains, forwarded
-# fused, reach 2048), so dgx1 Broadcast and Reduce 1 GB plan at 98.3%, and the alpha-beta search (20 s there) and
+# fused, reach 2048), so dgx1 Broadcast and Reduce 1 GB plan at 98.6%, and the alpha-beta search (20 s there) and
 # smaller packings found nothing faster.
 TREES_AT_LIMIT = 0.02
 
