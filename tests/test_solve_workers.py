@@ -44,6 +44,7 @@ class FakeSchedule:
     seconds: float
     transfers: tuple = ()
     release: threading.Event | None = None
+    gathered: bool = False
 
 
 def fake_emit(schedule, topology, target, size_bytes, **options):

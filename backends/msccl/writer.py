@@ -39,9 +39,10 @@ from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_AL
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT, MAX_XML_CHILDREN
 from backends.msccl.fit import (Fit, Lowering, all_in_flight_channels, fit_lowering, has_multi_chunk_messages, hopeless,
-                               in_flight_channels, iter_wider_fits, lowered_fit, measured_wider_fits,
+                               in_flight_channels, iter_wider_fits, lowered_fit, measure, measured_wider_fits,
                                plain_too_long, unmerged_too_long, whole_message_fit, wider_channels)
 from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
+from backends.msccl.gathered import reduce_gathered
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
 from backends.msccl.simulate import simulate_program
@@ -133,6 +134,9 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     """
     if topology is None:
         raise BackendError("MSCCL XML is lowered with its topology (switch-port order); none was given")
+    if schedule.gathered:
+        return _emit_gathered(schedule, topology, target, size_bytes, proto=proto, name=name, min_bytes=min_bytes,
+                              max_bytes=max_bytes, deadline=deadline, plan_us=plan_us, progress=progress)
     _check_collective_known(schedule, target)
     failures: list[tuple[str, bool]] = []     # (reason, is a limit of the runtime)
     planned = PlannedOps(schedule)     # every variant lowers the same per-rank ops (planned once per mode)
@@ -203,6 +207,27 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
     if all(limit for _, limit in failures):
         raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {failures[-1][0]}")
     raise VerificationError("the lowered MSCCL program " + " / ".join(reason for reason, _ in failures))
+
+
+def _emit_gathered(schedule: Schedule, topology: Topology, target: str, size_bytes: int | None, *, name: str | None,
+                   progress: Callable[[str], None], **options) -> EmittedXml:
+    """A gathered Allreduce's file (:mod:`backends.msccl.gathered`): the fastest verified file of the Allgather its
+    transfers move (at n times the size: the same chunks), made the Allreduce's and judged again as ``synth check``
+    does, postcondition and all. Its local sum takes no time in the simulator, so the Allgather's choice of
+    lowering is the Allreduce's."""
+    stage = replace(schedule, gathered=False)
+    emitted = emit_verified_xml(stage, topology, target, size_bytes and int(schedule.moved_size(size_bytes)),
+                                progress=progress, **options)
+    program = reduce_gathered(emitted.program, name)
+    fit = measure(program, emitted.lowering, target, topology.sms_per_gpu)
+    if not fit.fits:
+        raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: the gathered Allreduce's "
+                           f"local sum breaks a limit: {fit.reason()}")
+    progress("    checking the gathered Allreduce as synth check does (render, parse, lint, execute)")
+    made, failure = _judge(fit, topology, target, _simulated_us(program, topology, size_bytes))
+    if made is None:
+        raise VerificationError(f"the gathered Allreduce's program {failure[0]}")
+    return replace(made, variants_cut=emitted.variants_cut)
 
 
 def _variants(schedule: Schedule, topology: Topology, target: str, failures: list[tuple[str, bool]],

@@ -151,8 +151,8 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
     report = solution.report()
     if output:
         outputs.stage("-o", emitted.text)
-        if not schedule.collective.runs_at_power_of_two_sizes:
-            echo_err(f"warning: nchunksperloop {schedule.collective.loop_chunks} is not a power of two, so the "
+        if not schedule.runs_at_power_of_two_sizes:
+            echo_err(f"warning: nchunksperloop {schedule.loop_chunks} is not a power of two, so the "
                      "MSCCL runtime skips this algorithm at power-of-two sizes; prefer --chunks that make it one")
     if schedule_out:
         outputs.stage("--schedule-out", schedule.to_json() + "\n")

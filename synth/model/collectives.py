@@ -32,6 +32,15 @@ _BUSBW = {"allgather": lambda n: (n - 1) / n, "reducescatter": lambda n: (n - 1)
           "scatter": lambda n: (n - 1) / n}
 
 
+def busbw_factor(name: str, num_ranks: int) -> float:
+    """nccl-tests' bus-bandwidth factor of collective ``name`` on ``num_ranks`` ranks (busbw = algbw x factor).
+
+    >>> busbw_factor("allreduce", 8)
+    1.75
+    """
+    return _BUSBW[name](num_ranks)
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One logical chunk: where its pieces start, where it must end, and what it must then hold."""
@@ -90,7 +99,7 @@ class Collective:
         return self.loop_chunks & (self.loop_chunks - 1) == 0
 
     def busbw_factor(self) -> float:
-        return _BUSBW[self.name](self.num_ranks)
+        return busbw_factor(self.name, self.num_ranks)
 
     def expected_outputs(self) -> dict[tuple[int, int], Counter]:
         """(rank, output index) -> the multiset of input contributions it must hold at the end."""

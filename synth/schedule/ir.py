@@ -16,7 +16,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from synth.model.collectives import COLLECTIVES, ROOTED, Collective, make_collective
+from synth.model.collectives import COLLECTIVES, ROOTED, Collective, busbw_factor, make_collective
 from synth.model.topology import MAX_RANKS, Topology
 from synth.errors import InputError, shown
 from synth.fileio import read_json
@@ -63,10 +63,50 @@ class Schedule:
     method: str = "steps"
     inplace: bool = False
     notes: dict = field(default_factory=dict, compare=False)
+    gathered: bool = False
+
+    def __post_init__(self):
+        if self.gathered and self.collective.name != "allgather":
+            raise ValueError(f"a gathered schedule moves an Allgather of whole inputs, not {self.collective.name}")
 
     @property
     def num_ranks(self) -> int:
         return self.collective.num_ranks
+
+    # A gathered schedule (``gathered``) is an Allreduce whose transfers are an Allgather of every rank's whole
+    # input, its ``collective`` (C chunks per rank: the Allreduce's buffer); each rank then adds the n buffers
+    # into its output (backends.msccl.gathered). Relays forward other ranks' inputs untouched, which partial sums
+    # cannot do, so it crosses the machine once (ring-8: 4 hops, where reduce-then-broadcast takes 8), at n times
+    # the bytes. The members below describe what the schedule computes: use them, not ``collective``'s, for sizes,
+    # names and selection.
+
+    @property
+    def computes(self) -> str:
+        """The collective the schedule computes: ``allreduce`` for a gathered one, else its collective's name."""
+        return "allreduce" if self.gathered else self.collective.name
+
+    @property
+    def loop_chunks(self) -> int:
+        """MSCCL's ``nchunksperloop`` of the file: a gathered Allreduce's buffer is one rank's input, C chunks."""
+        return self.collective.chunks_per_rank if self.gathered else self.collective.loop_chunks
+
+    @property
+    def runs_at_power_of_two_sizes(self) -> bool:
+        """Whether the runtimes select the file at power-of-two sizes (a power-of-two :attr:`loop_chunks`)."""
+        return self.loop_chunks & (self.loop_chunks - 1) == 0
+
+    def chunk_bytes(self, size_bytes: float) -> float:
+        """Bytes in one chunk at nccl-tests' ``size_bytes`` of what the schedule computes."""
+        return size_bytes / self.loop_chunks if self.gathered else self.collective.chunk_bytes(size_bytes)
+
+    def moved_size(self, size_bytes: float) -> float:
+        """nccl-tests' size of the collective the transfers move, with chunks of :meth:`chunk_bytes`: a gathered
+        Allreduce of ``size_bytes`` moves the Allgather of n times that."""
+        return size_bytes * self.num_ranks if self.gathered else size_bytes
+
+    def busbw_factor(self) -> float:
+        """nccl-tests' bus-bandwidth factor of what the schedule computes."""
+        return busbw_factor(self.computes, self.num_ranks)
 
     def ordered(self) -> list[Transfer]:
         """Transfers in issue order: by step, then start time, then chunk."""
@@ -76,7 +116,7 @@ class Schedule:
         return {"format": SCHEDULE_FORMAT, "collective": self.collective.spec(), "topology": self.topology,
                 "steps": self.steps, "rounds": self.rounds,
                 "rounds_per_step": list(self.rounds_per_step) if self.rounds_per_step else None, "method": self.method, "inplace": self.inplace,
-                "notes": self.notes, "transfers": [asdict(t) for t in self.ordered()]}
+                "gathered": self.gathered, "notes": self.notes, "transfers": [asdict(t) for t in self.ordered()]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
@@ -201,7 +241,7 @@ def schedule_from_dict(raw: dict, source: str = "<memory>") -> Schedule:
     if not isinstance(raw, dict) or raw.get("format") != SCHEDULE_FORMAT:
         raise InputError(source, "format", f"not a schedule file (expected format {SCHEDULE_FORMAT!r})")
     known = {"format", "collective", "topology", "steps", "rounds", "rounds_per_step", "method", "inplace",
-             "notes", "transfers"}
+             "gathered", "notes", "transfers"}
     extra = sorted(set(raw) - known)
     if extra:
         raise InputError(source, extra[0], f"unknown field; schedule fields are {', '.join(sorted(known))}")
@@ -227,11 +267,17 @@ def schedule_from_dict(raw: dict, source: str = "<memory>") -> Schedule:
     inplace = raw.get("inplace", False)
     if not isinstance(inplace, bool):
         raise InputError(source, "inplace", f"must be true or false, got {shown(inplace)}")
+    gathered = raw.get("gathered", False)
+    if not isinstance(gathered, bool):
+        raise InputError(source, "gathered", f"must be true or false, got {shown(gathered)}")
+    if gathered and collective.name != "allgather":
+        raise InputError(source, "gathered", "a gathered Allreduce moves an Allgather of whole inputs: give "
+                         f"collective.name allgather, not {collective.name}")
     notes = raw.get("notes") or {}
     if not isinstance(notes, dict):
         raise InputError(source, "notes", "must be an object")
     transfers = _transfers(raw["transfers"], collective, source)
-    return Schedule(collective, topology, transfers, steps, rounds, rps or None, method, inplace, notes)
+    return Schedule(collective, topology, transfers, steps, rounds, rps or None, method, inplace, notes, gathered)
 
 
 def check_schedule_fits(schedule: Schedule, topology: Topology, source: str) -> None:

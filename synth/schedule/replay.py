@@ -140,8 +140,7 @@ def _describe_mismatch(rank: int, chunk: int, got: Counter, want: Counter) -> st
 def replay_time(schedule: Schedule, topology: Topology, size_bytes: int, reduce_us_per_byte: float = 0.0,
                 alpha_occupies: bool = False) -> ReplayReport:
     """Alpha-beta time of the schedule at ``size_bytes`` (nccl-tests' per-rank buffer size)."""
-    coll = schedule.collective
-    nbytes = coll.chunk_bytes(size_bytes)
+    nbytes = schedule.chunk_bytes(size_bytes)
     clock = LinkClock(topology, alpha_occupies)
     ready: dict[tuple[int, int], float] = defaultdict(float)
     by_step = defaultdict(list)
@@ -164,7 +163,7 @@ def replay_time(schedule: Schedule, topology: Topology, size_bytes: int, reduce_
             end = max(end, arrive)
     algbw = algbw_GBps(size_bytes, end)
     util = max(clock.busy_us) / end if end > 0 and clock.busy_us else 0.0
-    return ReplayReport(end, size_bytes, algbw, algbw * coll.busbw_factor(), len(schedule.transfers), util,
+    return ReplayReport(end, size_bytes, algbw, algbw * schedule.busbw_factor(), len(schedule.transfers), util,
                         alpha_occupies)
 
 

@@ -135,8 +135,8 @@ def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tupl
         files, failed = [], None
         for i, r in enumerate(ranges):
             alg = by_key[r.key]
-            coll = alg.schedule.collective
-            name = safe_name(f"synth-{coll.name}-{r.key}-{r.min_bytes}-{r.max_bytes}")
+            computes = alg.schedule.computes
+            name = safe_name(f"synth-{computes}-{r.key}-{r.min_bytes}-{r.max_bytes}")
             at = simulated.written_at(alg)     # the lowering its times were simulated with
             top = i == len(ranges) - 1
             min_attr, max_attr = size_range_attributes(target, r.min_bytes, None if top else r.max_bytes)
@@ -146,7 +146,7 @@ def plan_bundle(algorithms: Iterable[Algorithm], topology: Topology, sizes: tupl
             except (BackendError, VerificationError) as exc:
                 failed = (r.key, str(exc))
                 break
-            files.append(BundleFile(f"{i:02d}-{coll.name}-{r.key}.xml", r.key, r.min_bytes, r.max_bytes,
+            files.append(BundleFile(f"{i:02d}-{computes}-{r.key}.xml", r.key, r.min_bytes, r.max_bytes,
                                     emitted.text, emitted.fused, top, max_attr))
         if failed is None:
             return BundlePlan(choices, ranges, tuple(files), tuple(sorted(excluded.items())))

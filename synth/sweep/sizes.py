@@ -58,7 +58,7 @@ class Algorithm:
     @property
     def nchunksperloop(self) -> int:
         """MSCCL's nchunksperloop for this schedule (chunks in nccl-tests' buffer, or per rank when rooted)."""
-        return self.schedule.collective.loop_chunks
+        return self.schedule.loop_chunks
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def choose_per_size(algorithms: Iterable[Algorithm], topology: Topology, sizes: 
             if timed and alg.kind == BASELINE:
                 best_base = min(best_base, t)
             algbw = size / (t * BYTES_PER_US_PER_GBPS) if t > 0 else float("inf")
-            timings[k] = Timing(alg.key, t, algbw, algbw * alg.schedule.collective.busbw_factor(), can_run, plan[k],
+            timings[k] = Timing(alg.key, t, algbw, algbw * alg.schedule.busbw_factor(), can_run, plan[k],
                                 timed)
         ok = [t for t in timings if t.runnable]
         chosen = min(ok, key=lambda t: t.time_us).key if ok else None

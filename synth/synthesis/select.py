@@ -138,7 +138,7 @@ def _at_the_limit(request: SynthesisRequest, found: list[Candidate]) -> bool:
         labels += (ROOTED_LABEL,)
     limit = request.bound.limit_us
     return any(c.label.startswith(labels)
-               and c.result.schedule.collective.runs_at_power_of_two_sizes
+               and c.result.schedule.runs_at_power_of_two_sizes
                and c.report.time_us <= limit * (1 + TREES_AT_LIMIT) for c in found)
 
 
@@ -286,6 +286,37 @@ def reversal_candidate(request: SynthesisRequest, progress: Progress = _quiet) -
     return Candidate(f"reversal/{run.name}/c{run.chunks_per_way}", result, report)
 
 
+GATHERED_LABEL = "gathered/"
+# A gathered Allreduce moves n whole buffers to every rank: tried where alphas bind (the latency bound is the
+# limit) on machines of up to this many ranks (n - 1 local sums per rank, each a step of one threadblock).
+GATHERED_MAX_RANKS = 32
+
+
+def gathered_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
+    """An Allreduce as the fastest runnable Allgather baseline of every rank's whole input, summed on each rank
+    (:attr:`synth.schedule.ir.Schedule.gathered`): relays forward inputs untouched, so the data crosses the machine
+    once where partial sums cross it twice (ring-8 1 KB: 4 hops, 2.9 us, where reduce-then-broadcast takes 5.6).
+    None where it does not apply: another collective, bandwidth binding, more than :data:`GATHERED_MAX_RANKS`
+    ranks, or no Allgather baseline the runtimes select."""
+    from dataclasses import replace
+    from synth.synthesis.baselines import evaluate_baselines
+
+    topology, n = request.topology, request.topology.num_ranks
+    if request.collective != "allreduce" or request.bound.binding != "latency" or n > GATHERED_MAX_RANKS:
+        return None
+    table = evaluate_baselines("allgather", topology, request.size_bytes * n, deadline=request.search_deadline)
+    runs = [(replace(r.schedule, gathered=True), r) for r in table.runs]
+    runs = [(s, r) for s, r in runs if s.runs_at_power_of_two_sizes]
+    if not runs:
+        return None
+    schedule, run = min(runs, key=lambda sr: sr[1].report.time_us)
+    report = verify(schedule, topology, request.size_bytes)
+    progress(f"  gathered allreduce over the allgather baseline {run.name}: {report.time_us:.2f} us")
+    result = SynthesisResult(schedule, Status.FEASIBLE, 0.0, None, 1, schedule.steps, schedule.rounds,
+                             schedule.collective.chunks_per_rank)
+    return Candidate(f"{GATHERED_LABEL}{run.name}/c{run.chunks_per_way}", result, report)
+
+
 def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
     """The fastest baseline the runtimes select at power-of-two sizes, or None when none applies."""
     try:
@@ -385,12 +416,15 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
     if flat and request.sketch is None:
         found += [c for c in timed_phase("reversal", lambda: [reversal_candidate(request, progress)], request,
                                          progress) if c is not None]
+    if request.open_choice and request.sketch is None:
+        found += [c for c in timed_phase("gathered", lambda: [gathered_candidate(request, progress)], request,
+                                         progress) if c is not None]
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:
             found.append(base)
     if request.open_choice:
-        runnable = [c for c in found if c.result.schedule.collective.runs_at_power_of_two_sizes]
+        runnable = [c for c in found if c.result.schedule.runs_at_power_of_two_sizes]
         if runnable:
             found = runnable
     if not found and request.search_deadline.expired:

@@ -114,7 +114,7 @@ class Solution:
             "status": TIME_LIMIT_STATUS if self.time_limited else result.status, "plan_status": result.status,
             "time_limited": self.time_limited, "solve_seconds": result.solve_seconds, "gap": result.gap,
             "predicted_time_us": simulated, "plan_time_us": replay.time_us,
-            "algbw_GBps": algbw, "busbw_GBps": algbw * result.schedule.collective.busbw_factor(),
+            "algbw_GBps": algbw, "busbw_GBps": algbw * result.schedule.busbw_factor(),
             "steps": result.steps, "rounds": result.rounds, "chunks": result.chunks,
             "collective": self.request.collective, "topology": topo.name, "ranks": topo.num_ranks,
             "size_bytes": size, "symmetry_order": result.symmetry_order, "target": self.xml.target,
@@ -262,7 +262,8 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
         if broken:
             raise VerificationError("no candidate could be written: " + "; ".join(broken + refusals))
         raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
-    chosen = min((w for w in written if eligible(w)), key=lambda w: w.simulated_us)
+    chosen = min((w for w in written if eligible(w)),
+                 key=lambda w: w.simulated_us * (1 + GATHERED_TIE * w.candidate.result.schedule.gathered))
     time_limited = time_limited or any(w.xml.variants_cut for w in written)   # a faster file may exist
     base = min((w for w in written if is_baseline(w.candidate)), key=lambda w: w.simulated_us,
                default=None)
@@ -286,6 +287,12 @@ def _tree_fallbacks(request: SynthesisRequest, candidates: list[Candidate], best
         return []
     return timed_phase("tree packing with fewer chunks",
                        lambda: tree_fallback_candidates(request, trees[0], progress), request, progress)
+
+
+# A gathered Allreduce (synth.schedule.ir.Schedule.gathered) wins only when its file is faster by more than this
+# share: a tie goes to a file that moves fewer bytes (dgx-a100 Allreduce 1 KB gathered over all-pairs sends what
+# the direct exchange sends, in the same time).
+GATHERED_TIE = 1e-6
 
 
 # What a local worker imports before it forks to write candidates (:func:`synth.synthesis.parallel.local_pool`).

@@ -1,0 +1,156 @@
+"""The gathered Allreduce: every rank's whole input gathered untouched, then summed on each rank
+(:attr:`synth.schedule.ir.Schedule.gathered`, :mod:`backends.msccl.gathered`). On a ring of 8 at 1 KB partial sums
+need 8 hops (49.9% of the 4-hop alpha diameter); the gathered file takes the diameter."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from backends.msccl.gathered import reduce_gathered
+from backends.msccl.interpret import execute_program
+from backends.msccl.ir import Step
+from backends.msccl.lowering import lower_to_msccl
+from backends.msccl.simulate import simulate_program
+from backends.msccl.verdict import check_text
+from backends.msccl.lowering import render_msccl_xml
+from backends.msccl.writer import emit_verified_xml
+from synth.errors import BackendError, InputError
+from synth.model.topology import load_topology
+from synth.schedule.ir import Schedule, schedule_from_dict
+from synth.schedule.replay import verify
+from synth.synthesis.baselines import build_baseline
+from synth.synthesis.request import SynthesisRequest
+from synth.synthesis.select import GATHERED_LABEL, gathered_candidate
+from synth.synthesis.solve import solve
+
+KB = 1024
+
+
+def _gathered(topology_name: str, baseline: str = "shortest-path", chunks: int = 1) -> tuple:
+    topo = load_topology(topology_name)
+    return topo, replace(build_baseline(baseline, "allgather", topo, chunks), gathered=True)
+
+
+@pytest.mark.parametrize("topology_name, baseline, chunks", [
+    ("ring-4", "shortest-path", 1), ("ring-8", "shortest-path", 2), ("dgx1", "shortest-path", 1),
+    ("ring-8", "bidir-ring", 2), ("fully-connected-4", "ring", 4)])
+@pytest.mark.parametrize("fuse", [True, False])
+def test_the_program_is_an_allreduce_that_executes_and_lints_clean(topology_name, baseline, chunks, fuse):
+    topo, schedule = _gathered(topology_name, baseline, chunks)
+    program = lower_to_msccl(schedule, topo, fuse=fuse)
+    assert (program.coll, program.nchunksperloop) == ("allreduce", schedule.collective.chunks_per_rank)
+    assert all((g.i_chunks, g.o_chunks) == (program.nchunksperloop,) * 2 for g in program.gpus)
+    result = execute_program(program)      # in and out of place: every rank holds the sum of every input
+    assert result.ok, result
+    report = check_text(render_msccl_xml(program), "<gathered>", "executor", sms=80)
+    assert not report.errors()
+    # the local sum is free in the simulator: the file takes its Allgather's time, at n times the size
+    stage = lower_to_msccl(replace(schedule, gathered=False), topo, fuse=fuse)
+    n = topo.num_ranks
+    assert simulate_program(program, topo, KB).time_us == pytest.approx(
+        simulate_program(stage, topo, n * KB).time_us, rel=1e-12)
+
+
+def test_a_missing_sum_fails_the_postcondition():
+    topo, schedule = _gathered("ring-4")
+    program = lower_to_msccl(schedule, topo)
+    gpu = program.gpus[2]
+    local = gpu.tbs[-1]
+    assert local.steps[-1].type == "re"
+    cut = replace(gpu, tbs=gpu.tbs[:-1] + (replace(local, steps=local.steps[:-1]),))
+    mutant = replace(program, gpus=program.gpus[:2] + (cut,) + program.gpus[3:])
+    assert not execute_program(mutant).ok
+
+
+def test_the_sum_waits_for_every_threadblock_of_its_rank():
+    topo, schedule = _gathered("ring-8", chunks=2)
+    program = lower_to_msccl(schedule, topo)
+    for gpu in program.gpus:
+        *others, local = gpu.tbs
+        assert (local.send, local.recv) == (-1, -1)
+        waited = {(st.depid, st.deps) for st in local.steps if st.depid >= 0}
+        assert waited == {(tb.id, len(tb.steps) - 1) for tb in others}
+        assert all(tb.steps[-1].hasdep == 1 for tb in others)
+        assert [st.type for st in local.steps[len(others) - 1:]] == ["cpy"] + ["re"] * (topo.num_ranks - 1)
+
+
+def test_only_an_allgather_program_is_gathered():
+    topo = load_topology("ring-4")
+    program = lower_to_msccl(build_baseline("ring", "broadcast", topo), topo)
+    with pytest.raises(BackendError, match="a gathered Allreduce is made from an Allgather program, not broadcast"):
+        reduce_gathered(program)
+
+
+def test_a_step_across_the_own_block_is_refused():
+    topo, schedule = _gathered("ring-4", "ring", 2)
+    program = lower_to_msccl(replace(schedule, gathered=False), topo)
+    gpu = program.gpus[1]
+    tb = next(tb for tb in gpu.tbs if tb.send >= 0)
+    wide = Step(len(tb.steps), "s", "o", 1, "o", 1, 2)         # output 1..2: GPU 1's block is 2..3
+    bad = replace(gpu, tbs=tuple(replace(t, steps=t.steps + (wide,)) if t is tb else t for t in gpu.tbs))
+    program = replace(program, gpus=(program.gpus[0], bad) + program.gpus[2:])
+    with pytest.raises(BackendError, match="GPU 1: a step of 2 chunks at output 1 holds its own block and another"):
+        reduce_gathered(program)
+
+
+def test_the_schedule_computes_an_allreduce_of_one_ranks_input():
+    topo, schedule = _gathered("ring-8", chunks=2)
+    assert (schedule.computes, schedule.loop_chunks, schedule.runs_at_power_of_two_sizes) == ("allreduce", 2, True)
+    assert schedule.chunk_bytes(KB) == 512 and schedule.moved_size(KB) == 8 * KB
+    assert schedule.busbw_factor() == pytest.approx(2 * 7 / 8)
+    stage = replace(schedule, gathered=False)
+    replayed = verify(schedule, topo, KB)
+    assert replayed.time_us == pytest.approx(verify(stage, topo, 8 * KB).time_us)
+    assert replayed.busbw_GBps == pytest.approx(replayed.algbw_GBps * 1.75)
+
+
+def test_a_gathered_schedule_needs_an_allgather():
+    topo = load_topology("ring-4")
+    broadcast = build_baseline("ring", "broadcast", topo)
+    with pytest.raises(ValueError, match="a gathered schedule moves an Allgather of whole inputs, not broadcast"):
+        replace(broadcast, gathered=True)
+
+
+def test_the_schedule_file_round_trips_and_is_checked():
+    _, schedule = _gathered("ring-8")
+    raw = schedule.to_dict()
+    assert raw["gathered"] is True
+    back = schedule_from_dict(raw)
+    assert back.gathered and back.collective == schedule.collective
+    assert set(back.transfers) == set(schedule.transfers)
+    with pytest.raises(InputError, match="gathered: must be true or false, got 'yes'"):
+        schedule_from_dict({**raw, "gathered": "yes"})
+    other = build_baseline("ring", "broadcast", load_topology("ring-8")).to_dict()
+    with pytest.raises(InputError, match="give collective.name allgather, not broadcast"):
+        schedule_from_dict({**other, "gathered": True})
+    assert schedule_from_dict({k: v for k, v in raw.items() if k != "gathered"}).gathered is False
+
+
+def test_the_candidate_applies_where_alphas_bind_on_an_allreduce():
+    ring = load_topology("ring-8")
+    candidate = gathered_candidate(SynthesisRequest(ring, "allreduce", KB))
+    assert candidate.label.startswith(GATHERED_LABEL + "shortest-path/")
+    assert candidate.result.schedule.gathered
+    assert gathered_candidate(SynthesisRequest(ring, "allgather", KB)) is None
+    assert gathered_candidate(SynthesisRequest(ring, "allreduce", 1 << 30)) is None     # bandwidth binds
+
+
+def test_solve_writes_ring8_allreduce_1kb_within_ten_percent_of_the_alpha_diameter():
+    request = SynthesisRequest(load_topology("ring-8"), "allreduce", KB)
+    solution = solve(request)
+    report = solution.report()
+    assert report["method"].startswith(GATHERED_LABEL)
+    assert 'coll="allreduce"' in solution.xml.text
+    limit = request.bound.latency_us                                   # 4 hops of 0.7 us
+    assert limit <= report["predicted_time_us"] <= 1.1 * limit
+    assert report["predicted_time_us"] == pytest.approx(report["plan_time_us"], rel=0.03)
+    assert report["speedup_vs_baseline"] > 1.5
+
+
+def test_the_writer_judges_the_allreduce_file():
+    topo, schedule = _gathered("ring-8", chunks=4)
+    emitted = emit_verified_xml(schedule, topo, "executor", KB)
+    assert emitted.program.coll == "allreduce" and 'coll="allreduce"' in emitted.text
+    assert emitted.simulated_us == pytest.approx(verify(schedule, topo, KB).time_us, rel=0.03)
