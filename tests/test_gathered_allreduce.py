@@ -154,3 +154,17 @@ def test_the_writer_judges_the_allreduce_file():
     emitted = emit_verified_xml(schedule, topo, "executor", KB)
     assert emitted.program.coll == "allreduce" and 'coll="allreduce"' in emitted.text
     assert emitted.simulated_us == pytest.approx(verify(schedule, topo, KB).time_us, rel=0.03)
+
+
+def test_pareto_offers_it_where_alphas_bind_and_chooses_it_at_1kb():
+    from synth.sweep.sizes import GATHERED, choose_per_size
+    from synth.sweep.sources import baseline_algorithms, gathered_algorithms
+
+    ring = load_topology("ring-8")
+    found = gathered_algorithms("allreduce", ring, [KB, 1 << 30])
+    assert [(a.kind, a.tuned_bytes, a.key) for a in found] == [(GATHERED, KB, "gathered-shortest-path-c4")]
+    assert gathered_algorithms("allgather", ring, [KB]) == []
+    failures = []
+    pool = found + baseline_algorithms("allreduce", ring, [KB], None, failures)
+    (choice,) = choose_per_size(pool, ring, [KB])
+    assert choice.chosen == "gathered-shortest-path-c4"

@@ -36,10 +36,12 @@ class AlgorithmKind(TextEnum):
     STEPS = "steps"
     ALPHA_BETA = "alphabeta"
     BASELINE = "baseline"
+    GATHERED = "gathered"      # an Allreduce of whole inputs gathered, then summed (synth.synthesis.gathered)
 
 
 
-STEPS, ALPHA_BETA, BASELINE = AlgorithmKind.STEPS, AlgorithmKind.ALPHA_BETA, AlgorithmKind.BASELINE
+STEPS, ALPHA_BETA, BASELINE, GATHERED = (AlgorithmKind.STEPS, AlgorithmKind.ALPHA_BETA, AlgorithmKind.BASELINE,
+                                         AlgorithmKind.GATHERED)
 _KIND_ORDER = {kind: i for i, kind in enumerate(AlgorithmKind)}
 DTYPE_BYTES = 4                                         # nccl-tests' default datatype (float)
 

@@ -2,7 +2,8 @@
 
 - the step frontier's points (:mod:`synth.sweep.frontier`);
 - the fastest NCCL-style baseline at each size (:mod:`synth.synthesis.baselines`);
-- an alpha-beta schedule synthesized at each size (:mod:`synth.synthesis.alphabeta`).
+- an alpha-beta schedule synthesized at each size (:mod:`synth.synthesis.alphabeta`);
+- for an Allreduce where alphas bind, every rank's whole input gathered and summed (:mod:`synth.synthesis.gathered`).
 
 A source that fails for one size (a :class:`~synth.errors.SynthError`, e.g. no baseline applies) is recorded in
 :attr:`AlgorithmPool.failures` and the others go on. Alpha-beta solves run through the same executor as the sweep.
@@ -18,9 +19,10 @@ from synth.errors import SynthError
 from synth.model.topology import Topology
 from synth.solver.highs import SolverOptions
 from synth.sweep.frontier import SweepPoint
-from synth.sweep.sizes import ALPHA_BETA, BASELINE, STEPS, Algorithm, AlgorithmKind
+from synth.sweep.sizes import ALPHA_BETA, BASELINE, GATHERED, STEPS, Algorithm, AlgorithmKind
 from synth.synthesis.alphabeta import synthesize_alpha_beta
 from synth.synthesis.baselines import best_baseline
+from synth.synthesis.gathered import gathered_allreduce
 from synth.units import format_size
 
 
@@ -72,6 +74,20 @@ def baseline_algorithms(collective: str, topology: Topology, sizes: Iterable[int
         if any(a.key == key for a in out.values()):
             key += f"-{format_size(size)}"       # same baseline, order tuned for another size
         out[schedule] = Algorithm(key, BASELINE, f"baseline {name} (c{chunks})", schedule, size)
+    return list(out.values())
+
+
+def gathered_algorithms(collective: str, topology: Topology, sizes: Iterable[int]) -> list[Algorithm]:
+    """The gathered Allreduce at each size where it is offered (the latency bound binds), deduplicated."""
+    out: dict = {}
+    for size in sizes:
+        found = gathered_allreduce(topology, collective, size)
+        if found is None or found.schedule in out:
+            continue
+        key = f"gathered-{found.baseline.replace('/', '-')}"
+        if any(a.key == key for a in out.values()):
+            key += f"-{format_size(size)}"       # same baseline, order tuned for another size
+        out[found.schedule] = Algorithm(key, GATHERED, f"gathered over {found.baseline}", found.schedule, size)
     return list(out.values())
 
 
@@ -132,6 +148,7 @@ def collect_algorithms(frontier: Iterable[SweepPoint], collective: str, topology
     algorithms = step_algorithms(frontier)
     if use_baselines:
         algorithms += baseline_algorithms(collective, topology, sizes, root, failures)
+    algorithms += gathered_algorithms(collective, topology, sizes)
     if use_alpha_beta:
         algorithms += alpha_beta_algorithms(collective, topology, sizes, root, method, sketch, options, failures,
                                             executor, on_done)

@@ -287,34 +287,21 @@ def reversal_candidate(request: SynthesisRequest, progress: Progress = _quiet) -
 
 
 GATHERED_LABEL = "gathered/"
-# A gathered Allreduce moves n whole buffers to every rank: tried where alphas bind (the latency bound is the
-# limit) on machines of up to this many ranks (n - 1 local sums per rank, each a step of one threadblock).
-GATHERED_MAX_RANKS = 32
 
 
 def gathered_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
-    """An Allreduce as the fastest runnable Allgather baseline of every rank's whole input, summed on each rank
-    (:attr:`synth.schedule.ir.Schedule.gathered`): relays forward inputs untouched, so the data crosses the machine
-    once where partial sums cross it twice (ring-8 1 KB: 4 hops, 2.9 us, where reduce-then-broadcast takes 5.6).
-    None where it does not apply: another collective, bandwidth binding, more than :data:`GATHERED_MAX_RANKS`
-    ranks, or no Allgather baseline the runtimes select."""
-    from dataclasses import replace
-    from synth.synthesis.baselines import evaluate_baselines
+    """An Allreduce as every rank's whole input gathered untouched and summed on each rank
+    (:mod:`synth.synthesis.gathered`), or None where that is not offered."""
+    from synth.synthesis.gathered import gathered_allreduce
 
-    topology, n = request.topology, request.topology.num_ranks
-    if request.collective != "allreduce" or request.bound.binding != "latency" or n > GATHERED_MAX_RANKS:
+    found = gathered_allreduce(request.topology, request.collective, request.size_bytes, request.search_deadline)
+    if found is None:
         return None
-    table = evaluate_baselines("allgather", topology, request.size_bytes * n, deadline=request.search_deadline)
-    runs = [(replace(r.schedule, gathered=True), r) for r in table.runs]
-    runs = [(s, r) for s, r in runs if s.runs_at_power_of_two_sizes]
-    if not runs:
-        return None
-    schedule, run = min(runs, key=lambda sr: sr[1].report.time_us)
-    report = verify(schedule, topology, request.size_bytes)
-    progress(f"  gathered allreduce over the allgather baseline {run.name}: {report.time_us:.2f} us")
+    schedule, report = found.schedule, found.report
+    progress(f"  gathered allreduce over the allgather baseline {found.baseline}: {report.time_us:.2f} us")
     result = SynthesisResult(schedule, Status.FEASIBLE, 0.0, None, 1, schedule.steps, schedule.rounds,
                              schedule.collective.chunks_per_rank)
-    return Candidate(f"{GATHERED_LABEL}{run.name}/c{run.chunks_per_way}", result, report)
+    return Candidate(GATHERED_LABEL + found.baseline, result, report)
 
 
 def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:

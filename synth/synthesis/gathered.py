@@ -1,0 +1,59 @@
+"""Gathered Allreduce schedules: the fastest runnable Allgather baseline of every rank's whole input, summed on
+each rank (:attr:`synth.schedule.ir.Schedule.gathered`, written by :mod:`backends.msccl.gathered`).
+
+Relays forward other ranks' inputs untouched, so the data crosses the machine once, where partial sums cross it
+twice: ring-8 Allreduce 1 KB takes 4 hops (2.87 us simulated) where reduce-then-broadcast takes 8 (5.6 us). It
+moves n times the bytes, so it is offered only where the latency bound is the limit; ``synth solve`` and
+``synth pareto`` both take it from here.
+
+>>> from synth.model.topology import load_topology
+>>> found = gathered_allreduce(load_topology("ring-8"), "allreduce", 1024)
+>>> found.schedule.gathered, found.baseline, round(found.report.time_us, 3)
+(True, 'shortest-path/c4', 2.872)
+>>> gathered_allreduce(load_topology("ring-8"), "allreduce", 1 << 30) is None    # bandwidth binds
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from synth.bounds.physical import lower_bound
+from synth.model.topology import Topology
+from synth.schedule.ir import Schedule
+from synth.schedule.replay import ReplayReport, verify
+from synth.solver.deadline import UNBOUNDED, Deadline
+from synth.synthesis.baselines import evaluate_baselines
+
+# n whole buffers go to every rank, and each rank sums n - 1 of them in one threadblock's steps: offered on
+# machines of up to this many ranks.
+GATHERED_MAX_RANKS = 32
+
+
+@dataclass(frozen=True)
+class GatheredAllreduce:
+    """A verified gathered schedule, the Allgather baseline it gathers with (``name/cK``: its chunks per way) and
+    its replay at the Allreduce's size."""
+
+    schedule: Schedule
+    baseline: str
+    report: ReplayReport
+
+
+def gathered_allreduce(topology: Topology, collective: str, size_bytes: float, deadline: Deadline = UNBOUNDED
+                       ) -> GatheredAllreduce | None:
+    """The gathered Allreduce over the Allgather baseline that replays fastest at n times ``size_bytes`` among
+    those whose file the runtimes select at power-of-two sizes; None where it is not offered: another
+    collective, the bandwidth bound binding, more than :data:`GATHERED_MAX_RANKS` ranks, or no such baseline."""
+    n = topology.num_ranks
+    if collective != "allreduce" or n > GATHERED_MAX_RANKS:
+        return None
+    if lower_bound(collective, topology, size_bytes).binding != "latency":
+        return None
+    table = evaluate_baselines("allgather", topology, size_bytes * n, deadline=deadline)
+    runs = [(replace(run.schedule, gathered=True), run) for run in table.runs]
+    runs = [(schedule, run) for schedule, run in runs if schedule.runs_at_power_of_two_sizes]
+    if not runs:
+        return None
+    schedule, run = min(runs, key=lambda pair: pair[1].report.time_us)
+    return GatheredAllreduce(schedule, f"{run.name}/c{run.chunks_per_way}", verify(schedule, topology, size_bytes))
