@@ -571,19 +571,22 @@ def _check_postcondition(coll: Collective | None, run: RunOutcome, outputs: dict
         candidates = (coll if root == coll.root else make_collective(coll.name, coll.num_ranks,
                                                                      coll.chunks_per_rank, root)
                       for root in range(coll.num_ranks))
-    best, best_bad = coll, None
+    best, best_wrong = coll, None
     for cand in candidates:
-        bad = _mismatches(cand, run, outputs)
-        if best_bad is None or len(bad) < len(best_bad):
-            best, best_bad = cand, bad
-        if not bad:
+        # a root that is already no better than the best is not counted to the end, nor described (dgx1
+        # Broadcast from GPU 5 in 2048 chunks: 3 s describing roots 0-4's 160,000 wrong outputs)
+        wrong = _wrong_outputs(cand, run, outputs, None if best_wrong is None else len(best_wrong))
+        if best_wrong is None or len(wrong) < len(best_wrong):
+            best, best_wrong = cand, wrong
+        if not wrong:
             break
-    return best, best_bad
+    return best, _mismatches(best, run, best_wrong)
 
 
-def _mismatches(coll: Collective, run: RunOutcome, outputs: dict) -> list[Finding]:
-    """Every output that does not hold what the collective expects there, by rank and output index (the expected
-    multiset of a chunk is made once for all its destinations: an Allreduce chunk has one per rank)."""
+def _wrong_outputs(coll: Collective, run: RunOutcome, outputs: dict, enough: int | None = None) -> list[tuple]:
+    """``(rank, output index, held, expected)`` for every output that does not hold what the collective expects
+    there (the expected multiset of a chunk is made once for all its destinations: an Allreduce chunk has one per
+    rank); counting stops at ``enough``."""
     wrong = []
     for chunk in coll.chunks:
         want = None
@@ -594,6 +597,13 @@ def _mismatches(coll: Collective, run: RunOutcome, outputs: dict) -> list[Findin
             want = want if want is not None else dict(chunk.expected)
             if not dict.__eq__(got, want):
                 wrong.append((rank, k, got, Counter(want)))
+                if enough is not None and len(wrong) >= enough:
+                    return wrong
+    return wrong
+
+
+def _mismatches(coll: Collective, run: RunOutcome, wrong: list[tuple]) -> list[Finding]:
+    """A postcondition finding per wrong output (:func:`_wrong_outputs`), by rank and output index."""
     findings = []
     for rank, k, got, want in sorted(wrong, key=lambda entry: entry[:2]):
         writer = _held(run.last_writer, rank, run.layout.key(rank, "o", k), None)
