@@ -95,13 +95,14 @@ def test_balanced_channels_divide_a_connection_whose_chunks_share_a_stride():
 
 def test_in_link_order_keeps_own_data_behind_the_partial_sums_it_was_planned_after(dgx1):
     # Reduce on 4 channels: a rank's own-data sends (ready at once) overtook, on another channel of the same
-    # connection, the partial sums planned before them, and the file ran 8% slower than planned; waiting for the
-    # connection's previous message (no nop: only sends that wait for nothing else) it runs as planned (0.03%)
+    # connection, the partial sums planned before them, and the file ran 8% slower than planned (4% on the
+    # shallowest trees, which the packing takes since both are booked); waiting for the connection's previous
+    # message (no nop: only sends that wait for nothing else) it runs as planned
     schedule = synthesize_trees(dgx1, "reduce", GB, chunks=128).schedule
     planned = max(t.end_us for t in schedule.transfers)
     loose = lower_to_msccl(schedule, topology=dgx1, fuse=False, channels=4, balance=True)
     ordered = lower_to_msccl(schedule, topology=dgx1, fuse=False, channels=4, balance=True, in_link_order=True)
-    assert simulate_program(loose, dgx1, GB).time_us > 1.05 * planned
+    assert simulate_program(loose, dgx1, GB).time_us > 1.03 * planned
     assert simulate_program(ordered, dgx1, GB).time_us <= planned * (1 + 1e-3)
     steps = lambda program: sum(len(tb.steps) for g in program.gpus for tb in g.tbs)   # noqa: E731
     assert steps(ordered) == steps(loose)

@@ -25,6 +25,7 @@ from math import ceil
 from typing import Iterable, Iterator
 
 from backends.msccl.findings import Finding
+from backends.msccl.fuse_flows import flow_choices, fuse_flows, merge_local_copies
 from backends.msccl.ir import Gpu, MscclProgram, Threadblock
 from backends.msccl.limits import (LIMIT_KINDS, MAX_CHANNELS, MAX_CNT, MAX_DEPID, MAX_STEPS_EXECUTOR,
                                    MAX_TBS_PER_CHANNEL_DIRECTION, MAX_XML_ELEMENTS, connection_findings, max_steps,
@@ -35,7 +36,7 @@ from backends.msccl.merge import merge_contiguous
 from backends.msccl.step_floor import element_floor_reason
 from synth.errors import BackendError
 from synth.model.topology import Topology
-from synth.schedule.ir import BufferLayout, Schedule
+from synth.schedule.ir import BufferLayout, Schedule, buffer_layout
 
 MAX_TRIALS = 12     # lowerings tried per mode before giving up (each is linear in the schedule)
 WIDEN_MAX_STEPS = 40_000   # programs larger than this are not lowered again on more channels
@@ -50,7 +51,8 @@ class Lowering:
     ``in_link_order``: a connection's messages leave in the schedule's order across its channels
     (:func:`~backends.msccl.lowering._order_connections`). ``in_flight``: each connection takes the channels that
     keep its messages in flight past the runtime's FIFO, within the SMs
-    (:func:`~backends.msccl.lowering._in_flight_spread`; plain lowerings)."""
+    (:func:`~backends.msccl.lowering._in_flight_spread`; plain lowerings). ``fused_flows``: a plain lowering too
+    long for the XML reader with chosen flows fused on channels of their own (:func:`fused_flow_fits`)."""
 
     fuse: bool
     channels: int = 1
@@ -60,6 +62,7 @@ class Lowering:
     balanced: bool = False
     in_link_order: bool = False
     in_flight: bool = False
+    fused_flows: bool = False
 
     @property
     def label(self) -> str:
@@ -68,6 +71,7 @@ class Lowering:
         extra += ["whole messages"] if self.per_message else []
         extra += ["in link order"] if self.in_link_order else []
         extra += ["in flight"] if self.in_flight else []
+        extra += ["fused flows"] if self.fused_flows else []
         return ("fused" if self.fuse else "plain") + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -351,6 +355,41 @@ def wider_channels(topology: Topology, fit: Fit) -> tuple[int, ...]:
         return ()
     most = _most_channels(fit, fit.lowering.channels, topology.sms_per_gpu)
     return tuple(c for c in (fit.lowering.channels * factor for factor in (2, 4, 8)) if c <= most)
+
+
+# Collectives whose plain lowerings fused_flow_fits fuses. Not Reduce: dgx1 Reduce 1 GB in 2048 chunks runs plain
+# at 98.6% of the limit (7258 us, as 1024 chunks do), and with a flow fused per relay at 9051-14128 us (a fused
+# step holds its channel while it waits for the relay's other partial sums).
+FUSED_FLOW_COLLECTIVES = ("broadcast",)
+
+
+def fused_flow_fits(schedule: Schedule, topology: Topology, target: str, **program_options) -> Iterator[Fit]:
+    """A Broadcast's plain lowering that holds more XML elements on some GPU than the runtimes' reader, with the
+    chosen flows of each such GPU fused on channels of their own and its local copies merged
+    (:mod:`backends.msccl.fuse_flows`): each choice that fits, likeliest to run as planned first. On the fewest
+    channels that keep every connection within the target's steps per threadblock, cut evenly.
+
+    dgx1 Broadcast 1 GB in 2048 chunks: 4,171-4,175 elements on GPUs 5-7 plain; fusing 82-84 chunks of one flow
+    each takes them to 4,093 and runs as planned (7217.7 us, 99.2% of the limit; 1024 chunks: 98.6%)."""
+    if schedule.collective.name not in FUSED_FLOW_COLLECTIVES:
+        return
+    limit = max_steps(target)
+    channels = max(1, min(MAX_CHANNELS, ceil(_longest_connection(schedule) / limit)))
+    lowering = Lowering(False, channels, balanced=channels > 1)
+    base = lowered_fit(schedule, topology, target, lowering, **program_options)
+    if base.program is None or base.fits:
+        return
+    program = merge_local_copies(base.program, MAX_CNT)
+    planned = program_options.get("planned")
+    slot = (planned.layout if planned is not None else buffer_layout(schedule)).slot
+    for flows in flow_choices(schedule, program, limit):
+        try:
+            fused = fuse_flows(program, flows, limit, slot)
+        except BackendError:
+            continue
+        fit = measure(fused, replace(lowering, fused_flows=True), target, topology.sms_per_gpu)
+        if fit.fits:
+            yield fit
 
 
 def unmerged_too_long(schedule: Schedule, target: str) -> bool:

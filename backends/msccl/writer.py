@@ -38,7 +38,8 @@ from synth.schedule.costmodel import load_bound_us
 from backends.msccl.ir import (LEGACY_UNKNOWN_COLLECTIVES, MAX_ATTR_LEN, NAME_ALPHABET, Gpu, MscclProgram, Step,
                                Threadblock)
 from backends.msccl.limits import LIMIT_KINDS, MAX_CNT, MAX_XML_CHILDREN
-from backends.msccl.fit import (Fit, Lowering, all_in_flight_channels, fit_lowering, has_multi_chunk_messages, hopeless,
+from backends.msccl.fit import (Fit, Lowering, all_in_flight_channels, fit_lowering, fused_flow_fits,
+                               has_multi_chunk_messages, hopeless,
                                in_flight_channels, iter_wider_fits, lowered_fit, measure, measured_wider_fits,
                                plain_too_long, unmerged_too_long, whole_message_fit, wider_channels)
 from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
@@ -252,6 +253,10 @@ def _variants(schedule: Schedule, topology: Topology, target: str, failures: lis
     plain_may_come = Lowering(False, max_cnt=2) if plain_long else Lowering(False)
     if unmerged and unmerged.fits:
         yield from _with_spreads(schedule, topology, target, unmerged, (plain_may_come,) + whole, options)
+    if plain_long:      # unmerged plain steps, with a few flows fused to fit the XML reader
+        progress("    fusing flows of the plain lowering to fit the runtimes' XML reader")
+        for fit in fused_flow_fits(schedule, topology, target, **options):
+            yield fit, (plain_may_come,) + merged_may_come + whole
     plain = fitting(False)
     _check_name(plain.program.name)
     if plain.fits:

@@ -118,14 +118,15 @@ PATHS_LABEL = "alltoall-paths/"     # and of every Alltoall path-flow candidate'
 # sizes messages large enough for the runtime's FIFOs to cover the latency (dgx1 Scatter 1 MB: 64 chunks ran 8%
 # behind their plan, 32 as planned at the same planned time).
 TREE_CHUNK_OPTIONS = (256, 128, 64, 32, 16)
+ONE_HALVING_FROM = 1024    # an own count of twice this or more falls back to its half first
 
 
 # Under auto, a tree-packing plan that replays within this share of the physical limit ends the search: no other
 # formulation can be more than that faster, and on single nodes at large sizes none was (the routed MILP ran its
 # whole time limit on dgx2 Broadcast 1 GB, 250 s on 2 busy cores, for 38% of the limit, and left no time for trees).
-# 2%: the runtimes' XML reader caps a branching tree's pipelining at 1024 chunks per rank (chains, forwarded
-# fused, reach 2048), so dgx1 Broadcast and Reduce 1 GB plan at 98.6%, and the alpha-beta search (20 s there) and
-# smaller packings found nothing faster.
+# 2%: the runtimes' XML reader caps a branching Reduce's pipelining at 1024 chunks per rank (chains, forwarded
+# fused, reach 2048, and a Broadcast's trees too, with a flow fused per relay), so dgx1 Reduce 1 GB plans at
+# 98.6%, and the alpha-beta search (20 s there) and smaller packings found nothing faster.
 TREES_AT_LIMIT = 0.02
 
 
@@ -157,7 +158,10 @@ def tree_fallback_candidates(request: SynthesisRequest, own: Candidate, progress
     """Tree packings with fewer chunks per rank (:data:`TREE_CHUNK_OPTIONS`) than the ``own`` candidate's: the
     fallbacks for a program too long for the runtime."""
     own_chunks = own.result.chunks
-    return [_tree_candidate(request, c, progress) for c in TREE_CHUNK_OPTIONS if c < own_chunks]
+    # from 2048 one halving first: a Broadcast whose fused flows did not fit falls back to 1024, not 256
+    halved = {own_chunks // 2} if own_chunks >= 2 * ONE_HALVING_FROM else set()
+    options = sorted(halved | set(TREE_CHUNK_OPTIONS), reverse=True)
+    return [_tree_candidate(request, c, progress) for c in options if c < own_chunks]
 
 
 def _tree_candidate(request: SynthesisRequest, chunks: int | None, progress: Progress) -> Candidate:

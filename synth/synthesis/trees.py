@@ -26,11 +26,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from math import ceil
 
 import numpy as np
 
-from backends.msccl.fit import connection_elements
-from backends.msccl.limits import MAX_XML_ELEMENTS
+from backends.msccl.fit import FUSED_FLOW_COLLECTIVES, connection_elements
+from backends.msccl.limits import MAX_XML_ELEMENTS, xml_elements
 from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.errors import InputError
 from synth.formulations.trees import (REVERSAL_OF, Commodity, Packing, broadcast_commodities, decompose,
@@ -216,11 +217,11 @@ def rank_elements(schedule: Schedule, target: str = "executor") -> int:
     chunk a rank forwards (``rcs``, ``rrs``) and a threadblock per ``target``'s steps per threadblock at least.
 
     The runtimes' XML reader holds :data:`~backends.msccl.limits.MAX_XML_ELEMENTS` per rank, so a finer packing
-    cannot load as planned: dgx1 Broadcast 1 GB with 2048 chunks per rank needs some 4,100 steps on a relay in the
-    plain lowering, and its files either merged chunks in pairs (96.6% of the limit, simulated; 1024 chunks: 98.3%)
-    or, for Reduce, did not fit at all after a minute of trying; its trees branch, and fused chains of trees break
-    the 64 steps per threadblock there. A chain (dgx2's) fuses into 32 channels of 64 steps per relay: 2048 chunks
-    per rank, 99.3% of the limit against 98.6% with 1024.
+    cannot load as planned: dgx1 Reduce 1 GB with 2048 chunks per rank needs some 4,100 steps on a relay in the
+    plain lowering, and its files merged chunks in pairs or did not fit at all after a minute of trying; its trees
+    branch, and fused chains of trees break the 64 steps per threadblock there. A chain (dgx2's) fuses into 32
+    channels of 64 steps per relay: 2048 chunks per rank, 99.3% of the limit against 98.6% with 1024. A Broadcast's
+    relays fuse one flow each instead (:func:`_flows_may_fuse`): dgx1 Broadcast 1 GB, 99.2% in 2048 chunks.
 
     >>> from synth.model.collectives import make_collective
     >>> from synth.schedule.ir import Transfer
@@ -273,7 +274,8 @@ def _solve(topology, name, size_bytes, root, options, chunks, target) -> TreesRe
     holds (:func:`rank_elements`), both known from the packings' routes before any scheduling."""
     problem = CollectiveProblem(topology, name, root, chunks)
     packed: dict = {}
-    if not _routes_fit(_packings(problem, size_bytes, options, packed), topology.num_ranks, target):
+    if not _routes_fit(_packings(problem, size_bytes, options, packed), topology.num_ranks, target,
+                       _flows_may_fuse(topology, name, size_bytes, chunks)):
         return None
     schedule, phases = _schedule(problem, size_bytes, options, packed)
     report = verify(schedule, topology, size_bytes)
@@ -327,18 +329,59 @@ def _packings(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
                           options, packed), problem.topology, False)]
 
 
-def _routes_fit(packings: list[_Packed], num_ranks: int, target: str) -> bool:
+def _flows_may_fuse(topology: Topology, name: str, size_bytes: float, chunks: int) -> bool:
+    """Whether a plain lowering too long for the XML reader may have flows fused to fit it
+    (:func:`backends.msccl.fit.fused_flow_fits`): a Broadcast whose chunk takes at least a hop's alpha on the
+    slowest link. Smaller chunks queue behind the runtime's FIFO whatever the lowering (dgx1 Broadcast 1 MB in 2048
+    chunks of 512 bytes: 18.9 us simulated for a plan of 9.9, and 14 s of fitting), and the next chunk count down
+    is the better try."""
+    if name not in FUSED_FLOW_COLLECTIVES:
+        return False
+    chunk_bytes = make_collective(name, topology.num_ranks, chunks, 0).chunk_bytes(size_bytes)
+    slowest = min(link.capacity_GBps for link in topology.links) * BYTES_PER_US_PER_GBPS
+    return chunk_bytes / slowest >= max(link.alpha_us for link in topology.links)
+
+
+def _routes_fit(packings: list[_Packed], num_ranks: int, target: str, fuse_flows: bool = False) -> bool:
     """Whether the schedule of these packings can be lowered: no connection carries more messages than the
     target's threadblocks hold over :data:`MAX_CHANNELS` channels, and no rank more elements than the runtimes'
     XML reader holds (counted as :func:`rank_elements` does, from the routes, before the list scheduler spends
-    seconds on a chunk count that would be halved: dgx1 Broadcast 1 GB, whose trees branch, at 2048 chunks)."""
+    seconds on a chunk count that would be halved), or with ``fuse_flows`` (:func:`_flows_may_fuse`), none once
+    flows are fused (:func:`_flow_fusion_fits`)."""
     per_connection: Counter = Counter()
     for p in packings:
         per_connection.update(p.connections())
     if max(per_connection.values()) > STEPS_PER_TB[target] * MAX_CHANNELS:
         return False
-    forwards = _chain_forwards(route for p in packings for route in p.routes())
-    return connection_elements(per_connection, num_ranks, forwards, STEPS_PER_TB[target]) <= MAX_XML_ELEMENTS
+    routes = [route for p in packings for route in p.routes()]
+    forwards = _chain_forwards(routes)
+    if connection_elements(per_connection, num_ranks, forwards, STEPS_PER_TB[target]) <= MAX_XML_ELEMENTS:
+        return True
+    return fuse_flows and _flow_fusion_fits(per_connection, routes, num_ranks, STEPS_PER_TB[target])
+
+
+def _flow_fusion_fits(per_connection: Counter, routes, num_ranks: int, steps_per_tb: int) -> bool:
+    """Whether each rank's plain steps, on a threadblock per ``steps_per_tb`` messages of each connection, fit the
+    XML reader once half the chunks of its largest flow (received from one peer and forwarded) are fused
+    (:func:`backends.msccl.fit.fused_flow_fits`, which fuses only as many as it must): dgx1 Broadcast 1 GB, whose
+    trees branch, in 2048 chunks (99.2% of the limit, 1024: 98.6%)."""
+    ends: Counter = Counter()
+    tbs: Counter = Counter()
+    for (src, dst), messages in per_connection.items():
+        for rank in (src, dst):
+            ends[rank] += messages
+            tbs[rank] += ceil(messages / steps_per_tb)
+    flows: Counter = Counter()       # (rank, in peer) -> chunks it forwards
+    for edges, count in routes:
+        parent = {dst: src for src, dst in edges}
+        for src in {src for src, _ in edges}:
+            if src in parent:
+                flows[(src, parent[src])] += count
+    largest: Counter = Counter()
+    for (rank, _), count in flows.items():
+        largest[rank] = max(largest[rank], count)
+    return all(xml_elements(num_ranks, tbs[r], ends[r]) - largest[r] // 2 <= MAX_XML_ELEMENTS
+               for r in range(num_ranks))
 
 
 def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOptions, packed: dict
@@ -437,7 +480,9 @@ def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: i
                    roots, fractional_units, size_bytes)
     shallow = shallow_packing(topology, commodities[0], chunks, fractional_units, options) \
         if name == "broadcast" else None
-    if shallow is not None and shallow[0].units <= packing.units * (1 + 1e-9):
+    # (booked even with a few more units: at 2048 chunks the shallow trees' 13.68 units against 13.66 end 9 us
+    # sooner, 99.2% of the limit)
+    if shallow is not None:
         other = _booked(topology, coll, _phase(topology, name, coll, shallow[0], [shallow[1]], roots,
                                                fractional_units, size_bytes), size_bytes)
         phase = _booked(topology, coll, phase, size_bytes)
