@@ -97,11 +97,12 @@ def test_only_a_broadcast_is_fused():
     assert list(fused_flow_fits(allgather, topo, "executor")) == []
 
 
-def test_dgx1_broadcast_1gb_fits_in_2048_chunks_at_99_percent():
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+def test_dgx1_1gb_fits_in_2048_chunks_at_99_percent(collective):
     from synth.synthesis.request import SynthesisRequest
     from synth.synthesis.solve import solve
 
-    request = SynthesisRequest(load_topology("dgx1"), "broadcast", 1 << 30)
+    request = SynthesisRequest(load_topology("dgx1"), collective, 1 << 30)
     solution = solve(request)
     report = solution.report()
     assert report["chunks"] == 2048 and solution.xml.lowering.fused_flows
@@ -113,8 +114,8 @@ def test_dgx1_broadcast_1gb_fits_in_2048_chunks_at_99_percent():
 
 
 def test_a_partial_sum_fuses_into_a_receive_reduce_copy_send():
-    """The pass is not bound to copies: on a Reduce chain 3 -> 2 -> 1 -> 0 the relay's receive-reduce and its send
-    of the partial sum become one ``rrcs`` (the writer offers fused flows to Broadcasts only, where they pay)."""
+    """On a Reduce chain 3 -> 2 -> 1 -> 0 the relay's receive-reduce and its send of the partial sum become one
+    ``rrcs``."""
     from synth.schedule.ir import REDUCE, buffer_layout
 
     topo = load_topology("fully-connected-4")
@@ -126,3 +127,18 @@ def test_a_partial_sum_fuses_into_a_receive_reduce_copy_send():
     assert execute_program(fused).ok
     assert [st.type for tb in fused.gpus[2].tbs if tb.chan >= plain.nchannels for st in tb.steps] == ["rrcs"] * chunks
     assert _steps(fused, 2) == _steps(plain, 2) - chunks
+
+
+def test_two_flows_never_move_one_step():
+    """A Reduce's 3 -> 2 -> 1 and 2 -> 1 -> 0 both hold the message 2 -> 1 of a chunk: fusing both is refused (the
+    flows the writer picks never share a chunk)."""
+    from synth.schedule.ir import REDUCE, buffer_layout
+
+    topo = load_topology("fully-connected-4")
+    chain = tuple(Transfer(c, r, r - 1, step=c + 3 - r, op=REDUCE) for c in range(4) for r in (3, 2, 1))
+    schedule = Schedule(make_collective("reduce", 4, 4, 0), topo.name, chain, 6)
+    plain = lower_to_msccl(schedule, topo, fuse=False)
+    slot = buffer_layout(schedule).slot
+    with pytest.raises(BackendError, match="flow 2->1->0: chunk 1 moves a step another flow moved"):
+        fuse_flows(plain, [Flow(3, 2, 1, (1, 2)), Flow(2, 1, 0, (1,))], 64, slot)
+    assert execute_program(fuse_flows(plain, [Flow(3, 2, 1, (1, 2)), Flow(2, 1, 0, (0, 3))], 64, slot)).ok

@@ -96,20 +96,22 @@ def test_dgx1_broadcast_takes_the_faster_of_the_shallow_and_the_decomposed_trees
 
 
 def test_packings_finer_than_the_runtimes_xml_reader_holds_are_not_made():
-    """dgx1 Reduce 1 GB: its pipelining asks for 2048 chunks per rank, whose plain lowering needs more steps on a
-    relay than a rank's load of the file holds (4095 elements); 1024 is made instead, and asking for 2048 is
-    refused, naming the reader. A Broadcast's relays fuse a flow each to fit (backends.msccl.fuse_flows), so its
-    2048 are made: their plain count is over the reader's, as it must be for the fused flows to be needed."""
+    """dgx1 Reduce 16 MB: its pipelining asks for 2048 chunks per rank, whose plain lowering needs more steps on a
+    relay than a rank's load of the file holds (4095 elements); chunks of 8 KB take less than a hop's alpha, so no
+    flow is fused to fit (backends.msccl.fuse_flows): 1024 is made instead, and asking for 2048 is refused, naming
+    the reader. At 1 GB the relays fuse a flow each, so 2048 are made, their plain count over the reader's."""
     from backends.msccl.limits import MAX_XML_ELEMENTS
     from synth.synthesis.trees import pipeline_chunks, rank_elements
     topo = load_topology("dgx1")
-    assert pipeline_chunks(topo, "reduce", GB) == 2048
-    result = synthesize_trees(topo, "reduce", GB)
+    size = 16 << 20
+    assert pipeline_chunks(topo, "reduce", size) == 2048
+    result = synthesize_trees(topo, "reduce", size)
     assert result.chunks_per_rank == 1024 and rank_elements(result.schedule) <= MAX_XML_ELEMENTS
     with pytest.raises(InputError, match=r"more steps on a rank than the runtimes' XML reader holds \(4095"):
-        synthesize_trees(topo, "reduce", GB, chunks=2048)
-    broadcast = synthesize_trees(topo, "broadcast", GB)
-    assert broadcast.chunks_per_rank == 2048 and rank_elements(broadcast.schedule) > MAX_XML_ELEMENTS
+        synthesize_trees(topo, "reduce", size, chunks=2048)
+    for name in ("broadcast", "reduce"):
+        fine = synthesize_trees(topo, name, GB)
+        assert fine.chunks_per_rank == 2048 and rank_elements(fine.schedule) > MAX_XML_ELEMENTS
 
 
 def test_chains_count_their_elements_as_the_fused_lowering_writes_them():

@@ -9,9 +9,10 @@ of those chunks, the relay's ``rcs`` steps and ``q``'s receives move, in the lin
 per GPU on each new channel (at most the target's steps per threadblock on each). Each relay saves a step per
 fused chunk; a fused threadblock only waits for its own flow, so the program runs as before.
 
-Every dependency is carried over: waits on a moved step follow it (a wait on the relay's receive now waits on its
-``rcs``), the relay's send drops its wait on that receive (the fused step holds both), and steps keep their
-``nop`` chains. :func:`fuse_flows` returns a new program; callers judge it as every program is judged.
+Every dependency is carried over: waits on a moved step follow it (a wait on the relay's receive or forward now
+waits on its ``rcs``), the fused step waits for all its two steps waited for but the forward's wait on the
+receive, and steps keep their ``nop`` chains. :func:`fuse_flows` returns a new program; callers judge it as every
+program is judged.
 """
 
 from __future__ import annotations
@@ -114,6 +115,11 @@ def fuse_flows(program: MscclProgram, flows: list[Flow], steps_per_tb: int,
         arrivals = _find(entries[flow.dst], tbs[flow.dst], RECEIVES, "recv", flow.relay, "dst", chunk_at[flow.dst],
                          want)
         missing = [c for c in flow.chunks if not (c in sends and c in receives and c in forwards and c in arrivals)]
+        twice = [c for c in flow.chunks if any(id(e[c]) in moved[g] for e, g in (
+            (sends, flow.src), (receives, flow.relay), (forwards, flow.relay), (arrivals, flow.dst)) if c in e)]
+        if twice:
+            raise BackendError(f"flow {flow.src}->{flow.relay}->{flow.dst}: chunk {twice[0]} moves a step another "
+                               "flow moved")
         if missing:
             raise BackendError(f"flow {flow.src}->{flow.relay}->{flow.dst}: chunk {missing[0]} is not sent, "
                                "received and forwarded by plain steps")
@@ -129,7 +135,9 @@ def fuse_flows(program: MscclProgram, flows: list[Flow], steps_per_tb: int,
                 receive, forward = receives[c], forwards[c]
                 moved[flow.relay].update((id(receive), id(forward)))
                 rcs = _fused_step(receive, forward)
+                # waits on either (the forward's: a later send on its connection, in link order) wait on it
                 rename[flow.relay][(receive.tb, receive.index)] = rcs
+                rename[flow.relay][(forward.tb, forward.index)] = rcs
                 fused.append(rcs)
             added[flow.relay].append((Threadblock(-1, flow.dst, flow.src, channel, ()), fused))
             channel += 1
@@ -216,9 +224,10 @@ def merge_local_copies(program: MscclProgram, max_cnt: int) -> MscclProgram:
             head = None
             for e in es:
                 st = e.step
-                if head is not None and st.type == "cpy" and not e.nops and st.depid < 0 and \
-                        head.step.cnt < max_cnt and (st.srcbuf, st.dstbuf) == (head.step.srcbuf, head.step.dstbuf) \
-                        and st.srcoff == head.step.srcoff + head.step.cnt and st.dstoff == head.step.dstoff + head.step.cnt:
+                run = head.step if head is not None else None
+                if run is not None and st.type == "cpy" and not e.nops and st.depid < 0 and run.cnt < max_cnt \
+                        and (st.srcbuf, st.dstbuf) == (run.srcbuf, run.dstbuf) \
+                        and (st.srcoff, st.dstoff) == (run.srcoff + run.cnt, run.dstoff + run.cnt):
                     head.step = replace(head.step, cnt=head.step.cnt + 1)
                     moved.add(id(e))
                     rename[(e.tb, e.index)] = head
@@ -311,10 +320,12 @@ def _sized(pick: dict[int, tuple[int, int]], flows_at, over: dict[int, int], ste
             parts = ceil(counts[relay] / steps_per_tb)
             for gpu in (relay, src, dst):
                 added[gpu] += parts
-    flows = []
+    flows, taken = [], set()
     for relay, (src, dst) in pick.items():
-        chunks = flows_at[relay][(src, dst)]
-        if counts[relay] > len(chunks):
+        # no chunk in two flows: a Reduce's 4 -> 5 -> 7 and 5 -> 7 -> 3 would both move its message 5 -> 7
+        chunks = [c for c in flows_at[relay][(src, dst)] if c not in taken][:counts[relay]]
+        if len(chunks) < counts[relay]:
             return None
-        flows.append(Flow(src, relay, dst, tuple(chunks[:counts[relay]])))
+        taken.update(chunks)
+        flows.append(Flow(src, relay, dst, tuple(chunks)))
     return flows

@@ -124,9 +124,9 @@ ONE_HALVING_FROM = 1024    # an own count of twice this or more falls back to it
 # Under auto, a tree-packing plan that replays within this share of the physical limit ends the search: no other
 # formulation can be more than that faster, and on single nodes at large sizes none was (the routed MILP ran its
 # whole time limit on dgx2 Broadcast 1 GB, 250 s on 2 busy cores, for 38% of the limit, and left no time for trees).
-# 2%: the runtimes' XML reader caps a branching Reduce's pipelining at 1024 chunks per rank (chains, forwarded
-# fused, reach 2048, and a Broadcast's trees too, with a flow fused per relay), so dgx1 Reduce 1 GB plans at
-# 98.6%, and the alpha-beta search (20 s there) and smaller packings found nothing faster.
+# 2%: the runtimes' XML reader capped a branching tree's pipelining at 1024 chunks per rank (chains, forwarded
+# fused, reach 2048, and trees too now, with a flow fused per relay), where dgx1 Broadcast and Reduce 1 GB planned
+# at 98.6%, and the alpha-beta search (20 s there) and smaller packings found nothing faster.
 TREES_AT_LIMIT = 0.02
 
 

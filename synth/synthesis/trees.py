@@ -217,11 +217,12 @@ def rank_elements(schedule: Schedule, target: str = "executor") -> int:
     chunk a rank forwards (``rcs``, ``rrs``) and a threadblock per ``target``'s steps per threadblock at least.
 
     The runtimes' XML reader holds :data:`~backends.msccl.limits.MAX_XML_ELEMENTS` per rank, so a finer packing
-    cannot load as planned: dgx1 Reduce 1 GB with 2048 chunks per rank needs some 4,100 steps on a relay in the
-    plain lowering, and its files merged chunks in pairs or did not fit at all after a minute of trying; its trees
-    branch, and fused chains of trees break the 64 steps per threadblock there. A chain (dgx2's) fuses into 32
-    channels of 64 steps per relay: 2048 chunks per rank, 99.3% of the limit against 98.6% with 1024. A Broadcast's
-    relays fuse one flow each instead (:func:`_flows_may_fuse`): dgx1 Broadcast 1 GB, 99.2% in 2048 chunks.
+    cannot load as planned: dgx1 Broadcast and Reduce 1 GB with 2048 chunks per rank need some 4,100 steps on a
+    relay in the plain lowering, and their files merged chunks in pairs or did not fit at all after a minute of
+    trying; their trees branch, and fused chains of trees break the 64 steps per threadblock there. A chain
+    (dgx2's) fuses into 32 channels of 64 steps per relay: 2048 chunks per rank, 99.3% of the limit against 98.6%
+    with 1024. A tree's relays fuse one flow each instead (:func:`_flows_may_fuse`): dgx1 Broadcast and Reduce
+    1 GB, 99.2% in 2048 chunks.
 
     >>> from synth.model.collectives import make_collective
     >>> from synth.schedule.ir import Transfer
@@ -331,7 +332,7 @@ def _packings(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
 
 def _flows_may_fuse(topology: Topology, name: str, size_bytes: float, chunks: int) -> bool:
     """Whether a plain lowering too long for the XML reader may have flows fused to fit it
-    (:func:`backends.msccl.fit.fused_flow_fits`): a Broadcast whose chunk takes at least a hop's alpha on the
+    (:func:`backends.msccl.fit.fused_flow_fits`): a Broadcast or Reduce whose chunk takes at least a hop's alpha on the
     slowest link. Smaller chunks queue behind the runtime's FIFO whatever the lowering (dgx1 Broadcast 1 MB in 2048
     chunks of 512 bytes: 18.9 us simulated for a plan of 9.9, and 14 s of fitting), and the next chunk count down
     is the better try."""
