@@ -90,7 +90,7 @@ def test_no_flow_is_chosen_where_every_rank_fits(tree):
     assert list(fused_flow_fits(schedule, load_topology("fully-connected-4"), "executor")) == []
 
 
-def test_only_a_broadcast_is_fused():
+def test_only_one_root_trees_are_fused():
     topo = load_topology("ring-4")
     allgather = Schedule(make_collective("allgather", 4, 1), topo.name,
                          tuple(Transfer(c, c, (c + 1) % 4, 0) for c in range(4)), 1)

@@ -1,6 +1,6 @@
 """Fusing chosen flows of a plain program onto channels of their own: fewer steps on a relay, nothing reordered.
 
-A relay of a finely pipelined Broadcast receives every chunk and sends as many: dgx1 Broadcast 1 GB in 2048 chunks
+A relay of a finely pipelined Broadcast (or Reduce) receives every chunk and sends as many: dgx1 Broadcast 1 GB in 2048 chunks
 holds some 4,100 plain steps on GPUs 5-7, over the 4,095 XML elements the runtimes' reader holds per rank. A
 fused step (``rcs``) receives and forwards a chunk in one, but the fused lowering chains every forward and its
 threadblocks wait on each other (69% of the limit there). This pass fuses only the chunks of one flow (received
@@ -147,8 +147,8 @@ def fuse_flows(program: MscclProgram, flows: list[Flow], steps_per_tb: int,
 
 
 def _fused_step(receive: _Entry, forward: _Entry) -> _Entry:
-    """The relay's receive and forward as one step, waiting for all both waited for (but the forward's wait on the
-    receive): the last wait its own, the others ``nop`` steps before it."""
+    """The relay's receive and forward as one step, waiting for everything the two waited for (but the forward's
+    wait on the receive): the last wait its own, the others ``nop`` steps before it."""
     waits = [(n.depid, n.deps) for n in receive.nops] + [(receive.step.depid, receive.step.deps)]
     waits += [(n.depid, n.deps) for n in forward.nops] + [(forward.step.depid, forward.step.deps)]
     waits = [w for w in waits if w[0] >= 0 and w != (receive.tb, receive.index)]
