@@ -168,3 +168,20 @@ def test_pareto_offers_it_where_alphas_bind_and_chooses_it_at_1kb():
     pool = found + baseline_algorithms("allreduce", ring, [KB], None, failures)
     (choice,) = choose_per_size(pool, ring, [KB])
     assert choice.chosen == "gathered-shortest-path-c4"
+
+
+def test_synth_simulate_times_a_gathered_schedule_file_as_an_allreduce(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from synth.cli import main
+
+    _, schedule = _gathered("ring-8")
+    path = tmp_path / "gathered.json"
+    path.write_text(schedule.to_json())
+    result = CliRunner().invoke(main, ["simulate", str(path), "--topology", "ring-8", "--size", "1KB", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["valid"] and report["programs"][0]["collective"] == "allreduce"
+    assert report["programs"][0]["busbw_GBps"] == pytest.approx(report["programs"][0]["algbw_GBps"] * 1.75)
