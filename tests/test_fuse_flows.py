@@ -142,3 +142,15 @@ def test_two_flows_never_move_one_step():
     with pytest.raises(BackendError, match="flow 2->1->0: chunk 1 moves a step another flow moved"):
         fuse_flows(plain, [Flow(3, 2, 1, (1, 2)), Flow(2, 1, 0, (1,))], 64, slot)
     assert execute_program(fuse_flows(plain, [Flow(3, 2, 1, (1, 2)), Flow(2, 1, 0, (0, 3))], 64, slot)).ok
+
+
+def test_synth_solve_says_the_flows_are_fused(tmp_path):
+    from click.testing import CliRunner
+
+    from synth.cli import main
+
+    out = tmp_path / "broadcast.xml"
+    result = CliRunner().invoke(main, ["solve", "broadcast", "--topology", "dgx1", "--size", "1GB", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "plain lowering with fused flows (executor)" in result.stderr and "99.2% of the limit" in result.stderr
+    assert out.read_text().startswith("<algo")

@@ -174,8 +174,9 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
     shape = ", ".join(f"{k} {v}" for k, v in (("steps", result.steps), ("rounds", result.rounds),
                                                 ("chunks", result.chunks)) if v is not None)
     echo_err(f"{account}, solve {result.solve_seconds:.3f} s (symmetry group of {result.symmetry_order}), {shape}")
+    flows = " with fused flows" if emitted.lowering is not None and emitted.lowering.fused_flows else ""
     echo_err(f"MSCCL program executed and verified: {emitted.threadblocks} threadblocks, {emitted.channels} "
-             f"channel(s), {'fused' if emitted.fused else 'plain'} lowering ({emitted.target})")
+             f"channel(s), {'fused' if emitted.fused else 'plain'} lowering{flows} ({emitted.target})")
     echo_err(f"predicted time {report['predicted_time_us']:.3f} us (simulated with the runtime's FIFO depth; plan "
              f"{replay.time_us:.3f} us), algbw {report['algbw_GBps']:.3f} GB/s, busbw {report['busbw_GBps']:.3f} GB/s")
     echo_err(solution.comparison.summary())
