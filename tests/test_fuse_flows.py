@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from backends.msccl.fit import Lowering, fused_flow_fits, measure
-from backends.msccl.fuse_flows import Flow, flow_choices, fuse_flows, merge_local_copies, rank_elements
+from backends.msccl.fuse_flows import Flow, flow_choices, fuse_flows, merge_local_copies
 from backends.msccl.interpret import execute_program
+from backends.msccl.limits import gpu_xml_elements
 from backends.msccl.lowering import lower_to_msccl
 from backends.msccl.simulate import simulate_program
 from synth.errors import BackendError
@@ -17,6 +18,10 @@ from synth.schedule.ir import Schedule, Transfer
 
 CHUNKS = 96
 MB = 1 << 20
+
+
+def rank_elements(program) -> list[int]:
+    return [gpu_xml_elements(program, gpu) for gpu in program.gpus]
 
 
 SINGLE = 70      # chunks 0..69 go 0 -> 1 -> 2 (and 0 -> 3), 70..89 go 0 -> 1 -> 3 (and 0 -> 2)

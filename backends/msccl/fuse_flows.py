@@ -23,7 +23,7 @@ from math import ceil
 from typing import Iterator
 
 from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock
-from backends.msccl.limits import MAX_XML_ELEMENTS, xml_elements
+from backends.msccl.limits import MAX_XML_ELEMENTS, gpu_xml_elements
 from synth.errors import BackendError
 from synth.schedule.ir import Schedule
 
@@ -242,11 +242,6 @@ MAX_FLOW_CHOICES = 4
 ELEMENT_MARGIN = 2        # elements kept free below the reader's limit on a rank that fuses
 
 
-def rank_elements(program: MscclProgram) -> list[int]:
-    """Per GPU, the XML elements its load of ``program`` counts (:func:`~backends.msccl.limits.xml_elements`)."""
-    return [xml_elements(program.ngpus, len(g.tbs), sum(len(tb.steps) for tb in g.tbs)) for g in program.gpus]
-
-
 def _flows_at(schedule: Schedule) -> dict[int, dict[tuple[int, int], list[int]]]:
     """Per relay, its fusable chunks by (source, destination), in the order the source's link carries them: a
     chunk's last receive on the relay (a copy's only one, the last partial sum of a reduction) with its earliest
@@ -278,7 +273,8 @@ def flow_choices(schedule: Schedule, program: MscclProgram, steps_per_tb: int) -
     its new threadblocks. Flows are preferred whose destination is not over the limit itself (a receive moved onto
     a busy GPU's new channel cost dgx1 Broadcast 1 GB 10 us), then those with the most chunks; the alternatives
     change one GPU's flow at a time."""
-    over = {g: e - MAX_XML_ELEMENTS for g, e in enumerate(rank_elements(program)) if e > MAX_XML_ELEMENTS}
+    over = {gpu.id: count - MAX_XML_ELEMENTS for gpu in program.gpus
+            if (count := gpu_xml_elements(program, gpu)) > MAX_XML_ELEMENTS}
     if not over:
         return
     flows_at = _flows_at(schedule)

@@ -88,9 +88,14 @@ def xml_elements(ngpus: int, tbs: int, steps: int) -> int:
     return 1 + ngpus + tbs + steps
 
 
+def gpu_xml_elements(p: MscclProgram, gpu: Gpu) -> int:
+    """The elements GPU ``gpu``'s load of program ``p`` counts (:func:`xml_elements`)."""
+    return xml_elements(p.ngpus, len(gpu.tbs), sum(len(tb.steps) for tb in gpu.tbs))
+
+
 def xml_elements_findings(p: MscclProgram, gpu: Gpu) -> list[Finding]:
     """The rank's load of the file holds at most :data:`MAX_XML_ELEMENTS` elements (:func:`xml_elements`)."""
-    count = xml_elements(p.ngpus, len(gpu.tbs), sum(len(tb.steps) for tb in gpu.tbs))
+    count = gpu_xml_elements(p, gpu)
     if count <= MAX_XML_ELEMENTS:
         return []
     return [Finding("xml-elements", f"rank {gpu.id} loads {count} XML elements (the <algo>, {p.ngpus} <gpu>, its "
