@@ -29,10 +29,15 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
         print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
 
 
+def results_path(name: str) -> Path:
+    """``results/{name}.json`` for a bare name; a name ending in ``.json`` is the file itself (``--out /tmp/q.json``)."""
+    return Path(name) if name.endswith(".json") else RESULTS / f"{name}.json"
+
+
 def write_json(name: str, rows: list[dict], **meta_extra) -> Path:
-    """``results/{name}.json``: the rows, and meta (Python, machine, date, and ``meta_extra``)."""
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """``results_path(name)``: the rows, and meta (Python, machine, date, and ``meta_extra``)."""
+    path = results_path(name)
+    path.parent.mkdir(parents=True, exist_ok=True)
     meta = {"python": platform.python_version(), "machine": platform.machine(), "when": time.strftime("%Y-%m-%d"),
             **meta_extra}
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))

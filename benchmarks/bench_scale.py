@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from _common import RESULTS, print_table, write_json  # noqa: E402
+from _common import print_table, results_path, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 COLLECTIVES = ["allgather", "reducescatter", "allreduce", "alltoall"]
@@ -215,8 +215,8 @@ def main() -> None:
     parser.add_argument("--replot", action="store_true", help="only redraw the plot of an existing --out JSON")
     args = parser.parse_args()
     if args.replot:
-        rows = json.loads((RESULTS / f"{args.out}.json").read_text())["rows"]
-        print("wrote " + ", ".join(str(p) for p in plot(rows, RESULTS / args.out)))
+        rows = json.loads(results_path(args.out).read_text())["rows"]
+        print("wrote " + ", ".join(str(p) for p in plot(rows, results_path(args.out).with_suffix(""))))
         return
     if args.quick:
         args.nodes = [k for k in args.nodes if k <= 4]
@@ -232,7 +232,7 @@ def main() -> None:
     print_table(rows, COLUMNS)
     print(f"wrote {write_json(args.out, rows)}")
     try:
-        paths = plot(rows, RESULTS / args.out)
+        paths = plot(rows, results_path(args.out).with_suffix(""))
     except ImportError:
         print("no plot: matplotlib is not installed (pip install 'synth-collectives[plot]')")
     else:

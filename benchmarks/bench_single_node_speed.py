@@ -21,7 +21,7 @@ Usage::
     python benchmarks/bench_single_node_speed.py --topologies dgx1 --collectives allgather broadcast
     python benchmarks/bench_single_node_speed.py --topologies dgx1 --repeat 3        # medians of 3 runs per case
 
-Writes ``benchmarks/results/single_node_speed.json`` (``--out NAME`` for another name).
+Writes ``benchmarks/results/single_node_speed.json`` (``--out NAME`` for another name, or ``--out PATH.json``).
 """
 
 from __future__ import annotations
