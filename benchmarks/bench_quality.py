@@ -21,11 +21,11 @@ Usage::
     python benchmarks/bench_quality.py --two-node            # the two-node targets at 1 GB (TE-CCL models too)
     python benchmarks/bench_quality.py --latency             # 1 KB: the alpha-diameter and direct bounds
 
-``binding`` says which bound is the limit (at 1 KB the latency one: the direct bound, at least the alpha
-diameter). The JSON is rewritten after every
-row, so a long run stopped early keeps what it measured.
+``binding`` says which bound is the limit: ``bandwidth``; ``latency`` (the direct bound, at least the alpha
+diameter); or ``crossing`` (several nodes: what must leave a node through its NIC ports, summed and fanned out as
+time allows). The JSON is rewritten after every row, so a long run stopped early keeps what it measured.
 
-Writes ``benchmarks/results/quality.json`` (``--out NAME`` for another name).
+Writes ``benchmarks/results/quality.json`` (``--out NAME`` for another name, or ``--out PATH.json``).
 """
 
 from __future__ import annotations

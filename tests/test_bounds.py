@@ -25,7 +25,8 @@ ALPHA = 0.7
 def test_published_limits(name, collective, limit_ms):
     b = lower_bound(collective, load_topology(name), GB)
     assert b.bandwidth_us == pytest.approx(limit_ms * 1e3, rel=1e-6)
-    assert b.binding == "bandwidth" and b.limit_us == b.bandwidth_us
+    # the crossing bound adds the latency around the bytes that cross (a few microseconds of 40 ms)
+    assert b.binding == "bandwidth" and b.bandwidth_us <= b.limit_us <= b.bandwidth_us + 5
     # with nccl-tests' 1GB (2**30 bytes) the same limit scales by 1.0737
     b30 = lower_bound(collective, load_topology(name), 1 << 30)
     assert b30.bandwidth_us == pytest.approx(limit_ms * 1e3 * (1 << 30) / GB, rel=1e-6)

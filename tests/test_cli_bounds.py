@@ -22,7 +22,8 @@ def test_bounds_json():
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert set(out) == {"collective", "topology", "size_bytes", "bandwidth_us", "latency_us", "limit_us",
-                        "binding", "hops", "chunk_path_us", "method", "algbw_GBps", "direct_us"}
+                        "binding", "hops", "chunk_path_us", "method", "algbw_GBps", "direct_us",
+                        "crossing_us"}
     assert out["bandwidth_us"] == pytest.approx(40e3)
     assert out["latency_us"] == pytest.approx(4.1)
     assert out["binding"] == "bandwidth" and out["size_bytes"] == 10**9

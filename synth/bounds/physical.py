@@ -7,9 +7,11 @@ Two bounds, both in microseconds:
 - **latency**: the alpha-weighted diameter, the largest over the rank pairs that must communicate of the
   shortest alpha path; ``hops`` is the same in hops;
 - **direct** (a latency bound that counts bytes, :func:`direct_bound_us`): before any relayed path could bring
-  a source's data, it must come in direct messages, and those queue on the links and switch ports they share.
+  a source's data, it must come in direct messages, and those queue on the links and switch ports they share;
+- **crossing** (several nodes, :mod:`synth.bounds.crossing`): what must leave a node through its NIC ports,
+  counting how many sources a byte can sum and how many destinations it can reach in the time left.
 
-``limit_us`` is the larger of the two. Sizes follow nccl-tests (DESIGN section 4): Allgather ``size_bytes`` is
+``limit_us`` is the largest of them. Sizes follow nccl-tests (DESIGN section 4): Allgather ``size_bytes`` is
 the output buffer, ReduceScatter the input buffer, Allreduce/Broadcast/Reduce the buffer, Alltoall the per-rank
 send buffer, Gather the root's output buffer and Scatter the root's input buffer. Bandwidths are GB/s = 1e3
 bytes per microsecond, so a "1 GB" figure depends on whether 1e9 or 2**30 bytes is meant (the TE-CCL limits in
@@ -50,10 +52,11 @@ from types import MappingProxyType
 import networkx as nx
 import numpy as np
 
+from synth.bounds.crossing import crossing_bound_us
 from synth.model.collectives import make_collective, normalize_name
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, load_bound_us
-from synth.errors import InputError, SolverError
-from synth.solver.highs import INFEASIBLE, OPTIMAL, Model, SolverOptions, solve_model
+from synth.errors import InputError
+from synth.solver.highs import solve_lp
 from synth.model.symmetry import rank_orbit_reps
 from synth.schedule.transforms import CONCATENATION_PARTS, REVERSAL_DUAL
 from synth.model.topology import Topology
@@ -78,10 +81,11 @@ class Bound:
     latency_us : float
         Alpha-weighted diameter over the rank pairs the collective connects, microseconds.
     limit_us : float
-        ``max(bandwidth_us, direct_us)`` (``direct_us >= latency_us``).
+        ``max(bandwidth_us, direct_us, crossing_us)`` (``direct_us >= latency_us``).
     binding : str
-        ``"bandwidth"`` or ``"latency"`` (the alpha diameter, or the direct bound above it): which gives
-        ``limit_us``.
+        ``"bandwidth"`` or ``"latency"`` (the alpha diameter, or the direct bound above it): the larger of the
+        two. The crossing bound counts both (at large sizes it is the bandwidth bound plus a crossing's latency),
+        so it does not change which binds.
     hops : int
         Hop diameter over the same pairs (a lower bound on the number of steps).
     chunk_path_us : float
@@ -100,6 +104,12 @@ class Bound:
     chunk_path_us: float
     method: str
     direct_us: float = 0.0
+    crossing_us: float = 0.0
+
+    @property
+    def limit_source(self) -> str:
+        """Which bound gives ``limit_us``: ``"crossing"`` where it tops the others, else ``binding``."""
+        return "crossing" if self.crossing_us > max(self.bandwidth_us, self.direct_us) else self.binding
 
     @property
     def algbw_GBps(self) -> float:
@@ -144,11 +154,13 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
     links = topology.link_arrays()
     chunk_us = _farthest(topology, sources, reverse, links.alpha_us + coll.chunk_bytes(size_bytes) /
                          (links.capacity_GBps * BYTES_PER_US_PER_GBPS))
-    direct_us = direct_bound_us(name, topology, size_bytes, coll.root, latency_us)
-    limit = max(bw_us, direct_us)
+    alpha_paths = topology.distances(range(topology.num_ranks), links.alpha_us) \
+        if topology.num_ranks <= DIRECT_MAX_RANKS else None
+    direct_us = direct_bound_us(name, topology, size_bytes, coll.root, latency_us, alpha_paths)
+    crossing_us = crossing_bound_us(name, topology, size_bytes, coll.root, max(bw_us, direct_us), alpha_paths)
     binding = "bandwidth" if bw_us >= direct_us else "latency"
-    return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, limit, binding, hops, chunk_us, method,
-                 direct_us)
+    return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, crossing_us, binding, hops, chunk_us,
+                 method, direct_us, crossing_us)
 
 
 def _check_work(name: str, topology: Topology, path_searches: int) -> None:
@@ -425,7 +437,8 @@ def alltoall_units(net: nx.DiGraph, n: int) -> float:
     row_upper = np.concatenate([supply, np.zeros(len(capacitated))])
     cost = np.zeros(t_col + 1)
     cost[t_col] = 1.0
-    return _solve_lp(np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), cost, row_lower, row_upper)
+    return solve_lp(cost, np.concatenate(rows), np.concatenate(cols), np.concatenate(vals), row_lower, row_upper,
+                    "the alltoall bound LP")
 
 
 def alltoall_cut_units(net: nx.DiGraph, topology: Topology) -> float:
@@ -476,19 +489,6 @@ def _group_cut(g: nx.DiGraph, group: set, n: int) -> float:
     return nx.maximum_flow_value(h, source, sink)
 
 
-def _solve_lp(rows, cols, vals, cost, row_lower, row_upper) -> float:
-    """Minimise ``cost @ x`` over ``x >= 0`` and ``row_lower <= A x <= row_upper`` (A in COO); the optimum."""
-    model = Model(np.asarray(cost, dtype=float), np.zeros(len(cost)), np.full(len(cost), np.inf),
-                  np.zeros(len(cost), dtype=bool), np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64),
-                  np.asarray(vals, dtype=float), np.asarray(row_lower, dtype=float), np.asarray(row_upper, dtype=float))
-    result = solve_model(model, SolverOptions(time_limit_s=600))
-    if result.status == INFEASIBLE:
-        return math.inf
-    if result.status != OPTIMAL:
-        raise SolverError(f"HiGHS could not solve the alltoall bound LP ({result.highs_status})")
-    return float(result.objective)
-
-
 # ----------------------------------------------------------------------------------------------- latency
 
 DIRECT_MAX_RANKS = 128     # the direct bound compares every pair's relayed paths: N^2 entries per link source
@@ -496,7 +496,7 @@ DIRECT_MAX_STEPS = 64      # relayed-path thresholds it steps through (heterogen
 
 
 def direct_bound_us(collective_name: str, topology: Topology, size_bytes: float, root: int | None,
-                    latency_us: float) -> float:
+                    latency_us: float, alpha_paths: np.ndarray | None = None) -> float:
     """A latency bound that counts bytes, microseconds: at least ``latency_us`` (the alpha diameter), and at
     least the time the messages that must go direct need on the links and switch ports they share.
 
@@ -508,6 +508,7 @@ def direct_bound_us(collective_name: str, topology: Topology, size_bytes: float,
     model's own serialisation). The bound is the least ``T`` that books in time: a dgx2 Allreduce of 1 KB sends
     every rank's buffer straight to the other 15 through one NVSwitch port (0.473 us) or relays it (two alphas,
     0.7 us), never the 0.35 us of one alpha. Topologies over :data:`DIRECT_MAX_RANKS` ranks get ``latency_us``.
+    ``alpha_paths``: every pair's shortest alpha path, where the caller has it.
 
     >>> from synth.model.topology import load_topology
     >>> round(direct_bound_us("allreduce", load_topology("dgx2"), 1024, None, 0.35), 3)
@@ -525,7 +526,7 @@ def direct_bound_us(collective_name: str, topology: Topology, size_bytes: float,
         "gather": ([(s, root) for s in range(n) if s != root], size_bytes / n),
     }.get(name, (every, size_bytes / n))       # Allgather, ReduceScatter, Alltoall: a shard per pair
     links = topology.link_arrays()
-    distance = topology.distances(range(n), links.alpha_us)
+    distance = topology.distances(range(n), links.alpha_us) if alpha_paths is None else alpha_paths
     relayed = np.full((n, n), np.inf)          # fastest path of at least two hops
     for link in topology.links:
         via = link.alpha_us + distance[link.dst]

@@ -53,7 +53,12 @@ def bounds(collective, topology_name, nodes, fabric, oversubscription, size_text
     if b.direct_us > b.latency_us:
         echo_err(f"  direct bound     {b.direct_us:14.3f} us  (what cannot be relayed in time, queued on shared "
                  f"links and ports)")
-    echo_err(f"  limit            {b.limit_us:14.3f} us  ({b.binding} binds; algbw {b.algbw_GBps:.3f} GB/s)")
+    crossing = b.limit_source == "crossing"
+    if crossing:
+        echo_err(f"  crossing bound   {b.crossing_us:14.3f} us  (what must leave a node through its NIC ports, "
+                 f"summed and fanned out as time allows)")
+    gives = "the crossing bound gives it" if crossing else f"{b.binding} binds"
+    echo_err(f"  limit            {b.limit_us:14.3f} us  ({gives}; algbw {b.algbw_GBps:.3f} GB/s)")
     echo_err(f"  one-chunk path   {b.chunk_path_us:14.3f} us  (store-and-forward, {chunks} chunk(s) per rank)")
 
 

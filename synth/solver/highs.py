@@ -243,6 +243,21 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
     return SolveResult(mapped, x, objective, gap, seconds, name)
 
 
+def solve_lp(cost, rows, cols, vals, row_lower, row_upper, what: str) -> float:
+    """The optimum of ``min cost @ x`` over ``x >= 0`` and ``row_lower <= A x <= row_upper`` (``A`` as COO
+    triplets), ``inf`` when infeasible: the small LPs of the bounds. ``what`` names the LP in an error."""
+    cost = np.asarray(cost, dtype=float)
+    model = Model(cost, np.zeros(len(cost)), np.full(len(cost), np.inf), np.zeros(len(cost), dtype=bool),
+                  np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64), np.asarray(vals, dtype=float),
+                  np.asarray(row_lower, dtype=float), np.asarray(row_upper, dtype=float))
+    result = solve_model(model, SolverOptions(time_limit_s=600))
+    if result.status == INFEASIBLE:
+        return math.inf
+    if result.status != OPTIMAL:
+        raise SolverError(f"HiGHS could not solve {what} ({result.highs_status})")
+    return float(result.objective)
+
+
 # Seconds between two MIP progress lines of one solve (the first comes after this long too: short solves say
 # nothing).
 MIP_PROGRESS_INTERVAL_S = 5.0
