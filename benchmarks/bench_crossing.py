@@ -8,7 +8,7 @@ the crossing bound (the larger of the bandwidth and direct bounds), ``limit_us``
 
 Usage::
 
-    python benchmarks/bench_crossing.py                  # about 3 minutes on 2 busy cores
+    python benchmarks/bench_crossing.py                  # about 5 minutes on 2 busy cores
     python benchmarks/bench_crossing.py --machines ndv2:2 dgx2:2 --sizes 1KB 64KB
 
 Writes ``benchmarks/results/crossing.json`` (``--out NAME`` or ``--out PATH.json`` for another).
@@ -32,7 +32,7 @@ from synth.units import format_size, parse_size  # noqa: E402
 
 MACHINES = ["ndv2:2", "dgx-h100:2", "dgx2:2", "dgx-a100:2", "ndv4:2", "ndv2:4", "dgx-h100:4:rail",
             "ndv2-2node-tecc", "dgx2-2node-tecc", "ndv2-4node-tecc"]
-COLLECTIVES = ["allreduce", "broadcast", "reduce", "allgather", "reducescatter"]
+COLLECTIVES = ["allreduce", "broadcast", "reduce", "allgather", "reducescatter", "gather", "scatter", "alltoall"]
 SIZES = ["1KB", "64KB", "1MB", "64MB"]
 CHUNKS = (1, 2, 8)
 

@@ -40,9 +40,12 @@ def test_large_sizes_add_at_most_a_crossing_and_two_hops_to_the_bandwidth_bound(
     assert b.limit_us == b.crossing_us
 
 
-@pytest.mark.parametrize("collective", ["alltoall", "gather", "scatter"])
-def test_collectives_that_neither_sum_nor_share_keep_the_bound_they_had(collective):
-    assert crossing_bound_us(collective, load_topology("ndv2", 2), KB, 0, 1.234) == 1.234
+def test_a_gather_across_ndv2_nodes_is_its_shards_through_the_port_plus_a_crossing():
+    """Root 0's 8 peers on node 1 send their shards (64 KB / 16 each) through node 1's one 12.5 GB/s NIC port,
+    1.3 us away: the bandwidth bound leaves that latency out, the direct bound stops where relaying could start."""
+    b = lower_bound("gather", load_topology("ndv2", 2), 64 * KB)
+    assert b.crossing_us == pytest.approx(1.3 + 8 * (64 * KB / 16) / (12.5 * BYTES_PER_US_PER_GBPS), abs=1e-5)
+    assert b.crossing_us > max(b.bandwidth_us, b.direct_us) and b.limit_source == "crossing"
 
 
 def test_one_node_keeps_the_bound_it_had():
@@ -72,6 +75,18 @@ def test_no_baseline_beats_the_bound(topology, nodes, fabric, chunk_counts, coll
                 schedule = build_baseline(name, collective, topo, chunks_per_rank=chunks)
                 time_us = verify(schedule, topo, size).time_us
                 assert time_us >= bound.crossing_us * (1 - 1e-7), (name, chunks, size)
+
+
+@pytest.mark.parametrize("topology, nodes", [("ndv2", 2), ("dgx2", 2)])
+@pytest.mark.parametrize("collective", ["gather", "scatter", "alltoall"])
+def test_no_personalised_baseline_beats_the_bound(topology, nodes, collective):
+    topo = load_topology(topology, nodes)
+    for size in (64 * KB, 1 << 20):
+        bound = lower_bound(collective, topo, size, root=0)
+        for name, reason in baseline_status(collective, topo).items():
+            if reason is None:
+                time_us = verify(build_baseline(name, collective, topo), topo, size).time_us
+                assert time_us >= bound.crossing_us * (1 - 1e-7), (name, size)
 
 
 def test_the_written_plan_simulates_no_faster_than_the_limit():

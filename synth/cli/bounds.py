@@ -57,7 +57,10 @@ def bounds(collective, topology_name, nodes, fabric, oversubscription, size_text
     if crossing:
         echo_err(f"  crossing bound   {b.crossing_us:14.3f} us  (what must leave a node through its NIC ports, "
                  f"summed and fanned out as time allows)")
-    gives = "the crossing bound gives it" if crossing else f"{b.binding} binds"
+    gives = f"{b.binding} binds"
+    if crossing:     # at large sizes the crossing bound is the bandwidth bound plus a crossing's latency
+        gives = "bandwidth binds, with the crossing bound's latency" if b.binding == "bandwidth" else \
+            "the crossing bound gives it"
     echo_err(f"  limit            {b.limit_us:14.3f} us  ({gives}; algbw {b.algbw_GBps:.3f} GB/s)")
     echo_err(f"  one-chunk path   {b.chunk_path_us:14.3f} us  (store-and-forward, {chunks} chunk(s) per rank)")
 
