@@ -308,6 +308,25 @@ def gathered_candidate(request: SynthesisRequest, progress: Progress = _quiet) -
     return Candidate(GATHERED_LABEL + found.baseline, result, report)
 
 
+def exchange_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
+    """Allreduce across nodes as a sharded exchange over the rails (:mod:`synth.synthesis.exchange`), one per
+    count of :data:`~synth.synthesis.exchange.PIECES` (chunks per rank); none where it does not apply."""
+    from synth.synthesis.exchange import PIECES, exchange_applies, sharded_exchange
+
+    if not exchange_applies(request.topology, request.collective):
+        return []
+    found = []
+    for pieces in ((request.chunks,) if request.chunks else PIECES):
+        built = sharded_exchange(request.topology, request.size_bytes, pieces)
+        if built is None:
+            continue
+        schedule, report = built.schedule, built.report
+        progress(f"  sharded exchange over the rails, {pieces} chunk(s) per rank: {report.time_us:.2f} us")
+        result = SynthesisResult(schedule, Status.FEASIBLE, 0.0, None, 1, schedule.steps, schedule.rounds, pieces)
+        found.append(Candidate(built.label, result, report))
+    return found
+
+
 def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
     """The fastest baseline the runtimes select at power-of-two sizes, or None when none applies."""
     try:
@@ -410,6 +429,8 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
     if request.open_choice and request.sketch is None:
         found += [c for c in timed_phase("gathered", lambda: [gathered_candidate(request, progress)], request,
                                          progress) if c is not None]
+    if (request.open_choice or method == Method.HIERARCHY) and request.sketch is None and _several_nodes(request):
+        found += timed_phase("sharded exchange", lambda: exchange_candidates(request, progress), request, progress)
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
         if base is not None:
