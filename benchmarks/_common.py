@@ -30,7 +30,8 @@ def print_table(rows: list[dict], columns: list[str]) -> None:
 
 
 def results_path(name: str) -> Path:
-    """``results/{name}.json`` for a bare name; a name ending in ``.json`` is the file itself (``--out /tmp/q.json``)."""
+    """``results/{name}.json`` for a bare name; a name ending in ``.json`` is the file itself
+    (``--out /tmp/q.json``)."""
     return Path(name) if name.endswith(".json") else RESULTS / f"{name}.json"
 
 

@@ -88,6 +88,11 @@ class Bound:
         so it does not change which binds.
     hops : int
         Hop diameter over the same pairs (a lower bound on the number of steps).
+    direct_us : float
+        The direct bound (:func:`direct_bound_us`), at least ``latency_us``.
+    crossing_us : float
+        The crossing bound (:mod:`synth.bounds.crossing`), at least ``bandwidth_us`` and ``direct_us``: their
+        larger where it adds nothing (one node, or a collective it does not count).
     chunk_path_us : float
         For schedules that move whole chunks (``chunks_per_rank`` per rank), the slowest store-and-forward
         path of one chunk (alpha plus chunk bytes / bandwidth per hop); informative, not part of ``limit_us``.

@@ -12,7 +12,8 @@ from synth.synthesis.request import SynthesisRequest
 @dataclass(frozen=True)
 class LimitComparison:
     """``percent_of_limit`` = limit time / achieved time x 100 (100 means at the limit); ``limit_binding`` says
-    which bound gives the limit (``"bandwidth"``, ``"latency"`` or ``"crossing"``, :attr:`synth.bounds.physical.Bound.limit_source`)."""
+    which bound gives the limit: ``"bandwidth"``, ``"latency"`` or ``"crossing"``
+    (:attr:`synth.bounds.physical.Bound.limit_source`)."""
 
     limit_us: float
     limit_binding: str
@@ -65,4 +66,5 @@ def compare_with_limits(request: SynthesisRequest, time_us: float,
             pass  # no baseline applies on this topology, or none the runtime can load
     if base_us is not None:
         speedup = base_us / time_us
-    return LimitComparison(bound.limit_us, bound.limit_source, 100.0 * bound.limit_us / time_us, name, base_us, speedup)
+    return LimitComparison(bound.limit_us, bound.limit_source, 100.0 * bound.limit_us / time_us, name, base_us,
+                           speedup)

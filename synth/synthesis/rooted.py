@@ -902,7 +902,8 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
     trip_us = size_bytes * (2 * depth / node_GBps + 1 / rail_GBps) / BYTES_PER_US_PER_GBPS
     bound = lower_bound(name, topology, size_bytes, root=root).bandwidth_us
     c = 1
-    while 2 * c <= most_chunks(topology, routes, size_bytes, per_rail=True) and trip_us / c > PIPELINE_SHARE * bound:
+    most = most_chunks(topology, routes, size_bytes, per_rail=True)
+    while 2 * c <= most and trip_us / c > PIPELINE_SHARE * bound:
         c *= 2
     if not star:
         return tuple(sorted({c, max(1, c // 4)}))
