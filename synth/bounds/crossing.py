@@ -70,8 +70,9 @@ _KINDS = {"allreduce": (True, True), "broadcast": (True, True), "reduce": (True,
 def crossing_bound_us(collective_name: str, topology: Topology, size_bytes: float, root: int | None,
                       lower_us: float, alpha_paths: np.ndarray | None = None) -> float:
     """The crossing bound (module docstring), microseconds: ``lower_us`` (a bound already known) where it gives
-    no more, on one node, over :data:`CROSSING_MAX_RANKS` ranks, and where a link leaving a node has no port or
-    is faster than its port. ``alpha_paths``: every pair's shortest alpha path, where the caller has it.
+    no more, on one node and over :data:`CROSSING_MAX_RANKS` ranks; a node is skipped where a link leaving it is
+    faster than its port or its steps are too many. ``alpha_paths``: every pair's shortest alpha path, where the
+    caller has it.
 
     >>> from synth.model.topology import load_topology
     >>> round(crossing_bound_us("allreduce", load_topology("ndv2", nodes=2), 1024, None, 2.0), 3)
@@ -93,7 +94,7 @@ def crossing_bound_us(collective_name: str, topology: Topology, size_bytes: floa
             continue
         ports = _port_crossings(topology, inside, sources, destinations, distance, summed, fanned)
         if ports is None:
-            return lower_us
+            continue
         need = len(sources) * len(destinations) * pair_bytes
         bound = max(bound, _least_time(ports, need, bound))
     return bound
