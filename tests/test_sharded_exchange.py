@@ -10,7 +10,7 @@ from backends.msccl.writer import emit_verified_xml
 from synth.cli import main
 from synth.model.topology import load_topology
 from synth.synthesis.baselines import best_baseline
-from synth.synthesis.exchange import exchange_applies, sharded_exchange
+from synth.synthesis.exchange import exchange_applies, sharded_exchange, waits_on_shared_nics
 
 KB = 1024
 
@@ -21,7 +21,7 @@ def test_every_shard_crosses_once_per_pair_of_nodes_on_its_rail(name, nodes):
     K (K - 1) times, GPU i to GPU i."""
     topo = load_topology(name, nodes)
     g = topo.gpus_per_node
-    found = sharded_exchange(topo, 64 * KB, 2)
+    found = sharded_exchange(topo, 64 << 20, 2)
     schedule = found.schedule
     crossing = [t for t in schedule.transfers if topo.node_of(t.src) != topo.node_of(t.dst)]
     assert all(t.src % g == t.dst % g == t.chunk % g for t in crossing)
@@ -56,3 +56,14 @@ def test_solve_writes_it_where_it_is_fastest():
     out = json.loads(r.stdout)
     assert out["method"].startswith("exchange/")
     assert out["predicted_time_us"] < 0.75 * out["baseline_us"]
+
+
+def test_small_rail_messages_are_not_offered_where_gpus_share_a_nic():
+    """2 x dgx2 (two GPUs per 12.5 GB/s NIC, 2.6 us away) at 1 MB: with 4 chunks per rank a rail connection
+    carries 8 messages of 8 KB, more than its FIFO of 2 holds and less than half of alpha x bandwidth (16.25 KB),
+    and the runtime's order on the shared port ran 3.3% behind the plan; 2 chunks (16 KB) ran as planned. With a
+    NIC per GPU (dgx-h100) the file ran as planned, so nothing is left out there."""
+    dgx2, h100 = load_topology("dgx2", 2), load_topology("dgx-h100", 2)
+    assert waits_on_shared_nics(dgx2, 1 << 20, 4) and not waits_on_shared_nics(dgx2, 1 << 20, 2)
+    assert sharded_exchange(dgx2, 1 << 20, 4) is None
+    assert not any(waits_on_shared_nics(h100, size, 4) for size in (KB, 1 << 20))
