@@ -39,7 +39,7 @@ MAX_TRANSFERS = 1 << 17
 
 @dataclass(frozen=True)
 class ShardedExchange:
-    """A verified sharded exchange: its schedule, pieces per shard and replay at the request's size."""
+    """A verified sharded exchange: its schedule, chunks per rank and replay at the request's size."""
 
     schedule: Schedule
     pieces: int
@@ -83,7 +83,8 @@ def sharded_exchange(topology: Topology, size_bytes: float, pieces: int) -> Shar
     if not exchange_applies(topology, "allreduce") or waits_on_shared_nics(topology, size_bytes, pieces):
         return None
     g, k = topology.gpus_per_node, topology.num_nodes
-    trees = node_trees(topology).edges
+    nodes = node_trees(topology)
+    trees = nodes.edges
     collective = make_collective("allreduce", topology.num_ranks, pieces)
     if len(collective.chunks) * k * (2 * (g - 1) + k - 1) > MAX_TRANSFERS:
         return None
@@ -102,7 +103,7 @@ def sharded_exchange(topology: Topology, size_bytes: float, pieces: int) -> Shar
             transfers += [Transfer(chunk, base + owner, other * g + owner, deepest, REDUCE)
                           for other in range(k) if other != node]
     schedule = Schedule(collective, topology.name, tuple(transfers), 1 + max(t.step for t in transfers),
-                        method="exchange", notes={"exchange": {"node_trees": node_trees(topology).kind,
+                        method="exchange", notes={"exchange": {"node_trees": nodes.kind,
                                                                "pieces": pieces}})
     return ShardedExchange(schedule, pieces, verify(schedule, topology, size_bytes))
 
