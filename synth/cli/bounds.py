@@ -36,7 +36,8 @@ def _topology_options(func):
 @click.option("--chunks", type=click.IntRange(1, MAX_CHUNKS), default=1, show_default=True,
               help="Chunks per rank, for the store-and-forward path of one chunk.")
 def bounds(collective, topology_name, nodes, fabric, oversubscription, size_text, root, as_json, chunks):
-    """Lower bounds on COLLECTIVE's time: bandwidth (max-flow / LP) and latency (alpha diameter)."""
+    """Lower bounds on COLLECTIVE's time: bandwidth (max-flow / LP), latency (alpha diameter, direct bound) and,
+    across nodes, the crossing bound (what must leave a node through its NIC ports)."""
     from synth.bounds.physical import lower_bound
     from synth.model.topology import load_topology
 
