@@ -65,7 +65,7 @@ from synth.model.collectives import make_collective, normalize_name
 from synth.model.topology import Topology, reverse_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, load_bound_us
 from synth.schedule.ir import Schedule
-from synth.schedule.list_scheduler import RUNTIME_FIFO_DEPTH, list_schedule, reverse_in_time
+from synth.schedule.list_scheduler import PLAN_CHANNELS, RUNTIME_FIFO_DEPTH, list_schedule, reverse_in_time
 from synth.schedule.replay import ReplayReport, verify
 from synth.synthesis.baselines.hierarchical import hierarchical_routes
 from synth.synthesis.baselines.plans import Edge
@@ -828,7 +828,7 @@ def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) ->
         rank = np.array([c * depth + h for c, tree in enumerate(trees) for h in range(len(tree))], dtype=float)
     route_links = [tuple(topology.link_index[e] for e in tree) for tree in trees]
     return list_schedule(topology, make_collective("broadcast", topology.num_ranks, chunks, root), route_links,
-                         size_bytes, "rooted", rank=rank, rule="sequence",
+                         size_bytes, "rooted", rank=rank, rule="sequence", channels=PLAN_CHANNELS,
                          notes={"plan": f"{LABEL}c{chunks}", "rails": len(routes.rails),
                                 "node_trees": routes.nodes.kind})
 
@@ -902,7 +902,7 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
     trip_us = size_bytes * (2 * depth / node_GBps + 1 / rail_GBps) / BYTES_PER_US_PER_GBPS
     bound = lower_bound(name, topology, size_bytes, root=root).bandwidth_us
     c = 1
-    most = most_chunks(topology, routes, size_bytes, per_rail=True)
+    most = most_chunks(topology, routes, size_bytes, rail_channels=1)
     while 2 * c <= most and trip_us / c > PIPELINE_SHARE * bound:
         c *= 2
     if not star:
@@ -913,11 +913,19 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
         # each forward adds (2 x dgx-h100 Broadcast 64 MB: 86.0% of the limit simulated with 128 chunks, 72.9%
         # with 256; 1 MB: 8.0 us with 16 chunks, 23.6 us with 2)
         link = topology.link(root, peers[0])
+        sms = topology.sms_per_gpu or math.inf
         while c > LATENCY_BOUND_CHUNKS and \
                 (size_bytes / c < 1.5 * link.alpha_us * link.capacity_GBps * BYTES_PER_US_PER_GBPS
-                 or latin_threadblocks(len(peers), c, target) > (topology.sms_per_gpu or math.inf)):
+                 or latin_threadblocks(len(peers), c, target) > sms):
             c //= 2
-        return tuple(sorted({c, max(1, c // 2), max(1, c // 4)}))
+        options = {c, max(1, c // 2), max(1, c // 4)}
+        if name == "broadcast" and c == LATENCY_BOUND_CHUNKS:
+            # where latency trims it to its floor, a Broadcast timed (and lowered) on up to max(PLAN_CHANNELS)
+            # channels a rail connection also gets 2 and 4 times as many chunks, as many as those FIFOs hold: the
+            # rails stay busy (2 x dgx-h100 1 MB: 8.01 us with 16 chunks, 6.60 us with 64, planned at 6.44)
+            wide = most_chunks(topology, routes, size_bytes, rail_channels=max(PLAN_CHANNELS))
+            options |= {k for k in (2 * c, 4 * c) if k <= wide and latin_threadblocks(len(peers), k, target) <= sms}
+        return tuple(sorted(options))
     while c > 1 and _busiest_hand_out(routes, c) > max_steps(target) // 2:
         c //= 2
     return tuple(sorted({c, max(1, c // 2)}))
@@ -933,21 +941,22 @@ def latin_threadblocks(peers: int, chunks: int, target: str) -> int:
 
 
 def most_chunks(topology: Topology, routes: RootedRoutes, size_bytes: float, cap: int = MAX_CHUNKS,
-                per_rail: bool = False) -> int:
+                rail_channels: int = 0) -> int:
     """The most chunks worth making at ``size_bytes``: no more than 4-byte elements (the runtime selects the
     program only where the chunks divide the count), at most ``cap``, and few enough that the
     runtime's FIFO of messages on a rail covers its latency (a connection holds :data:`RUNTIME_FIFO_DEPTH`
     messages, so smaller ones leave the NIC waiting for the receiver: 2 x dgx-h100 Reduce 1 MB with 64 chunks
-    planned 6.3 us and simulated 11.4 us; with 16, 7.9 us both). ``per_rail``: chunk ``c`` crosses on rail
-    ``c mod R`` (the compositions' trees and Latin squares), so a rail carries ``1 / R`` of them, and while that is
-    no more than the FIFO holds none waits, however small: up to ``R`` times the depth (2 x dgx-h100 Broadcast
-    64 KB: 4.93 us with one chunk, 3.49 us with 16)."""
+    planned 6.3 us and simulated 11.4 us; with 16, 7.9 us both). ``rail_channels`` (0: not counted): chunk ``c``
+    crosses on rail ``c mod R`` (the compositions' trees and Latin squares), so a rail carries ``1 / R`` of them,
+    spread over this many channels (a FIFO each), and while that is no more than its FIFOs hold none waits,
+    however small: up to ``R`` times the depth times the channels (2 x dgx-h100 Broadcast 64 KB: 4.93 us with one
+    chunk, 3.49 us with 16)."""
     n0 = routes.root // routes.g
     rail_bytes = max(link.alpha_us * link.capacity_GBps * BYTES_PER_US_PER_GBPS
                      for link in (topology.link(*rail[n0]) for rail in routes.rails))
     in_flight = RUNTIME_FIFO_DEPTH * size_bytes / rail_bytes
-    if per_rail:
-        in_flight = max(in_flight, RUNTIME_FIFO_DEPTH * len(routes.rails))
+    if rail_channels:
+        in_flight = max(in_flight, RUNTIME_FIFO_DEPTH * len(routes.rails) * rail_channels)
     most = min(cap, size_bytes // ELEMENT_BYTES, in_flight)
     c = 1
     while 2 * c <= most:
