@@ -919,10 +919,12 @@ def chunk_options(topology: Topology, collective: str, size_bytes: float, root: 
                  or latin_threadblocks(len(peers), c, target) > sms):
             c //= 2
         options = {c, max(1, c // 2), max(1, c // 4)}
-        if name == "broadcast" and c == LATENCY_BOUND_CHUNKS:
-            # where latency trims it to its floor, a Broadcast timed (and lowered) on up to max(PLAN_CHANNELS)
-            # channels a rail connection also gets 2 and 4 times as many chunks, as many as those FIFOs hold: the
-            # rails stay busy (2 x dgx-h100 1 MB: 8.01 us with 16 chunks, 6.60 us with 64, planned at 6.44)
+        if c == LATENCY_BOUND_CHUNKS:
+            # where latency trims it to its floor, 2 and 4 times as many chunks too, as many as the FIFOs of a rail
+            # connection spread over max(PLAN_CHANNELS) channels hold (the writer lowers on such spreads, and a
+            # Broadcast is timed on them): the rails stay busy, and the simulator picks (2 x dgx-h100 1 MB:
+            # Broadcast 8.01 us with 16 chunks, 6.60 us with 64, planned at 6.44; Reduce 7.86 us, 6.33 us as
+            # planned; 2 x dgx2 Reduce 22.17 us, 18.24 with 32 as planned, 20.32 with 64, planned at 17.76)
             wide = most_chunks(topology, routes, size_bytes, rail_channels=max(PLAN_CHANNELS))
             options |= {k for k in (2 * c, 4 * c) if k <= wide and latin_threadblocks(len(peers), k, target) <= sms}
         return tuple(sorted(options))
