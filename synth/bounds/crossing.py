@@ -33,7 +33,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from synth.model.collectives import normalize_name
+from synth.model.collectives import ROOTED, data_pairs, normalize_name, pair_bytes
 from synth.model.topology import Topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.solver.highs import solve_lp
@@ -80,34 +80,25 @@ def crossing_bound_us(collective_name: str, topology: Topology, size_bytes: floa
     """
     name = normalize_name(collective_name)
     n = topology.num_ranks
-    if name not in _KINDS or topology.num_nodes < 2 or n > CROSSING_MAX_RANKS:
+    if name not in _KINDS or topology.num_nodes < 2 or n > CROSSING_MAX_RANKS or (name in ROOTED and root is None):
         return lower_us
     summed, fanned = _KINDS[name]
-    pair_bytes = size_bytes if name in ("allreduce", "broadcast", "reduce") else size_bytes / n
+    pairs = data_pairs(name, n, root)
     distance = topology.distances(range(n), topology.link_arrays().alpha_us) if alpha_paths is None \
         else alpha_paths
     bound = lower_us
     for node in range(topology.num_nodes):
         inside = set(range(node * topology.gpus_per_node, (node + 1) * topology.gpus_per_node))
-        sources, destinations = _pairs(name, n, inside, root)
-        if not sources or not destinations:
+        leaving = [(src, dst) for src, dst in pairs if src in inside and dst not in inside]
+        if not leaving:
             continue
+        sources, destinations = sorted({src for src, _ in leaving}), sorted({dst for _, dst in leaving})
         ports = _port_crossings(topology, inside, sources, destinations, distance, summed, fanned)
         if ports is None:
             continue
-        need = len(sources) * len(destinations) * pair_bytes
+        need = len(leaving) * pair_bytes(name, size_bytes, n)
         bound = max(bound, _least_time(ports, need, bound))
     return bound
-
-
-def _pairs(name: str, n: int, inside: set[int], root: int | None) -> tuple[list[int], list[int]]:
-    """The sources in the node whose data ranks outside it need, and those destinations."""
-    outside = [r for r in range(n) if r not in inside]
-    if name in ("broadcast", "scatter"):
-        return ([root] if root in inside else []), outside
-    if name in ("reduce", "gather"):
-        return sorted(inside), ([] if root in inside else [root])
-    return sorted(inside), outside
 
 
 def _port_crossings(topology: Topology, inside: set[int], sources: list[int], destinations: list[int],
@@ -149,9 +140,7 @@ def _steps(reach: np.ndarray, counted: bool) -> tuple[tuple[float, ...], tuple[i
     ``t -> max over rows of the columns within t``: its steps' times and values (1 once any column is within
     reach, where the bytes are not ``counted`` this way)."""
     times = sorted({float(t) for t in reach.ravel() if math.isfinite(t)})
-    values = [int((reach <= t).sum(axis=1).max()) for t in times]
-    if not counted:
-        values = [1] * len(times)
+    values = [int((reach <= t).sum(axis=1).max()) if counted else 1 for t in times]
     keep = [k for k in range(len(times)) if k == 0 or values[k] > values[k - 1]]
     return tuple(times[k] for k in keep), tuple(values[k] for k in keep)
 

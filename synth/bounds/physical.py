@@ -53,7 +53,7 @@ import networkx as nx
 import numpy as np
 
 from synth.bounds.crossing import crossing_bound_us
-from synth.model.collectives import make_collective, normalize_name
+from synth.model.collectives import data_pairs, make_collective, normalize_name, pair_bytes
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS, load_bound_us
 from synth.errors import InputError
 from synth.solver.highs import solve_lp
@@ -523,13 +523,7 @@ def direct_bound_us(collective_name: str, topology: Topology, size_bytes: float,
     if n > DIRECT_MAX_RANKS:
         return latency_us
     name = normalize_name(collective_name)
-    every = [(s, d) for s in range(n) for d in range(n) if s != d]
-    pairs, nbytes = {
-        "allreduce": (every, size_bytes), "broadcast": ([(root, d) for d in range(n) if d != root], size_bytes),
-        "reduce": ([(s, root) for s in range(n) if s != root], size_bytes),
-        "scatter": ([(root, d) for d in range(n) if d != root], size_bytes / n),
-        "gather": ([(s, root) for s in range(n) if s != root], size_bytes / n),
-    }.get(name, (every, size_bytes / n))       # Allgather, ReduceScatter, Alltoall: a shard per pair
+    pairs, nbytes = data_pairs(name, n, root), pair_bytes(name, size_bytes, n)
     links = topology.link_arrays()
     distance = topology.distances(range(n), links.alpha_us) if alpha_paths is None else alpha_paths
     relayed = np.full((n, n), np.inf)          # fastest path of at least two hops

@@ -41,6 +41,31 @@ def busbw_factor(name: str, num_ranks: int) -> float:
     return _BUSBW[name](num_ranks)
 
 
+def data_pairs(name: str, num_ranks: int, root: int | None) -> list[tuple[int, int]]:
+    """The (source, destination) rank pairs whose data must meet: the destination's output depends on the
+    source's input (every ordered pair, or those from or to the root of a rooted collective).
+
+    >>> data_pairs("reduce", 3, 0)
+    [(1, 0), (2, 0)]
+    """
+    others = [r for r in range(num_ranks) if r != root]
+    if name in ("broadcast", "scatter"):
+        return [(root, d) for d in others]
+    if name in ("reduce", "gather"):
+        return [(s, root) for s in others]
+    return [(s, d) for s in range(num_ranks) for d in range(num_ranks) if s != d]
+
+
+def pair_bytes(name: str, size_bytes: float, num_ranks: int) -> float:
+    """Bytes of one :func:`data_pairs` pair's data at nccl-tests' ``size_bytes``: the whole buffer for Allreduce,
+    Broadcast and Reduce (an element carries one index's sum, so nothing shrinks it), a shard for the others.
+
+    >>> pair_bytes("allreduce", 1024, 8), pair_bytes("allgather", 1024, 8)
+    (1024, 128.0)
+    """
+    return size_bytes if name in ("allreduce", "broadcast", "reduce") else size_bytes / num_ranks
+
+
 @dataclass(frozen=True)
 class Chunk:
     """One logical chunk: where its pieces start, where it must end, and what it must then hold."""

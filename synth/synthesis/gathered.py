@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from synth.bounds.physical import lower_bound
+from synth.bounds.physical import Bound, lower_bound
 from synth.model.topology import Topology
 from synth.schedule.ir import Schedule
 from synth.schedule.replay import ReplayReport, verify
@@ -40,15 +40,16 @@ class GatheredAllreduce:
     report: ReplayReport
 
 
-def gathered_allreduce(topology: Topology, collective: str, size_bytes: float, deadline: Deadline = UNBOUNDED
-                       ) -> GatheredAllreduce | None:
+def gathered_allreduce(topology: Topology, collective: str, size_bytes: float, deadline: Deadline = UNBOUNDED,
+                       bound: Bound | None = None) -> GatheredAllreduce | None:
     """The gathered Allreduce over the Allgather baseline that replays fastest at n times ``size_bytes`` among
     those whose file the runtimes select at power-of-two sizes; None where it is not offered: another
-    collective, the bandwidth bound binding, more than :data:`GATHERED_MAX_RANKS` ranks, or no such baseline."""
+    collective, the bandwidth bound binding, more than :data:`GATHERED_MAX_RANKS` ranks, or no such baseline.
+    ``bound``: the request's (:func:`~synth.bounds.physical.lower_bound`), where the caller has it."""
     n = topology.num_ranks
     if collective != "allreduce" or n > GATHERED_MAX_RANKS:
         return None
-    if lower_bound(collective, topology, size_bytes).binding != "latency":
+    if (bound or lower_bound(collective, topology, size_bytes)).binding != "latency":
         return None
     table = evaluate_baselines("allgather", topology, size_bytes * n, deadline=deadline)
     runs = [(replace(run.schedule, gathered=True), run) for run in table.runs]

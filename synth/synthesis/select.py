@@ -298,7 +298,8 @@ def gathered_candidate(request: SynthesisRequest, progress: Progress = _quiet) -
     (:mod:`synth.synthesis.gathered`), or None where that is not offered."""
     from synth.synthesis.gathered import gathered_allreduce
 
-    found = gathered_allreduce(request.topology, request.collective, request.size_bytes, request.search_deadline)
+    found = gathered_allreduce(request.topology, request.collective, request.size_bytes, request.search_deadline,
+                               request.bound)
     if found is None:
         return None
     schedule, report = found.schedule, found.report
