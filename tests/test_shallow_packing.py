@@ -71,9 +71,29 @@ def test_dgx1_broadcast_takes_depth_4_trees_at_the_rate():
     assert lp.x[-1] == pytest.approx(floor * 1.2, rel=1e-9)
 
 
-def test_too_many_trees_to_list_are_left_to_the_decomposition():
+def test_too_many_trees_to_list_are_left_to_the_decomposition_or_the_relay_stars():
     topo = load_topology("fully-connected-8")     # 7^7 parent choices
     assert _arborescences(topo, 0) is None
-    assert shallow_packing(topo, Commodity(0, tuple(range(1, 8))), 16, _floor_units(topo, 16)) is None
+    sinks = Commodity(0, tuple(range(1, 8)))
+    assert shallow_packing(topo, sinks, 16, _floor_units(topo, 16), relay_stars=False) is None
+    packing, trees = shallow_packing(topo, sinks, 16, _floor_units(topo, 16))
+    assert packing.relay_stars and sum(t.chunks for t in trees) == 16
+    assert all(max(_depths(topo, t.links).values()) <= 2 for t in trees)
     dgx1 = load_topology("dgx1")                  # a sink set short of every rank: not a spanning commodity
     assert shallow_packing(dgx1, Commodity(0, (1, 2)), 16, 1.0) is None
+
+
+@pytest.mark.parametrize("name,ranks", [("dgx-a100", 8), ("dgx2", 16)])
+def test_relay_stars_reach_the_rate_on_a_switch_in_two_hops(name, ranks):
+    # every chunk leaves the root once (its port carries all C) and enters each rank once (from the root in its
+    # own tree, from the relays in the others'), so the fractional packing is at the rate; the integer one takes
+    # the LP's trees, whose vertex may leave a relay out and load the others' ports to the rate, so rounding
+    # adds up to a chunk per relay (dgx-a100: 1026 of 1024 chunks' time; dgx2: 1036)
+    topo = load_topology(name)
+    floor = _floor_units(topo, 1024)
+    packing, trees = shallow_packing(topo, Commodity(0, tuple(range(1, ranks))), 1024, floor)
+    assert packing.relay_stars and floor <= packing.units <= floor * (1024 + ranks - 1) / 1024
+    assert sum(t.chunks for t in trees) == 1024
+    depths = [_depths(topo, t.links) for t in trees]
+    assert all(len(d) == ranks and max(d.values()) == 2 for d in depths)
+    assert sorted(t.links[0] for t in trees) == sorted({t.links[0] for t in trees})   # one tree per relay

@@ -95,6 +95,21 @@ def test_dgx1_broadcast_takes_the_faster_of_the_shallow_and_the_decomposed_trees
     assert result.replay_us <= result.fractional_us / 0.98
 
 
+def test_a_switch_broadcast_at_1mb_takes_relay_stars_and_runs_as_planned():
+    # the chain (the packing's optimum on a switch) fills over 7 hops of 0.7 us: its file ran at 8.48 us; relay
+    # stars take two hops, booked with the runtime's FIFOs: 6.25 us planned, and so it runs
+    from backends.msccl.writer import emit_verified_xml
+    topo = load_topology("dgx-a100")
+    size = 1 << 20
+    result = synthesize_trees(topo, "broadcast", size, chunks=16)
+    depth = {0: 0}
+    for t in sorted(result.schedule.transfers, key=lambda t: t.step):
+        depth.setdefault(t.dst, depth[t.src] + 1)
+    assert max(depth.values()) == 2
+    xml = emit_verified_xml(result.schedule, topo, "executor", size, plan_us=result.replay_us)
+    assert xml.simulated_us <= 6.3 and abs(xml.simulated_us - result.replay_us) <= 0.03 * xml.simulated_us
+
+
 def test_packings_finer_than_the_runtimes_xml_reader_holds_are_not_made():
     """dgx1 Reduce 16 MB: its pipelining asks for 2048 chunks per rank, whose plain lowering needs more steps on a
     relay than a rank's load of the file holds (4095 elements); chunks of 8 KB take less than a hop's alpha, so no

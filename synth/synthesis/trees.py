@@ -41,7 +41,7 @@ from synth.model.symmetry import free_symmetry_group
 from synth.model.topology import Topology, check_connected, reverse_topology
 from synth.schedule.costmodel import BYTES_PER_US_PER_GBPS
 from synth.schedule.ir import Schedule
-from synth.schedule.list_scheduler import list_schedule, reverse_in_time
+from synth.schedule.list_scheduler import RUNTIME_FIFO_DEPTH, list_schedule, reverse_in_time
 from synth.schedule.replay import ReplayReport, verify
 from synth.schedule.transforms import CollectiveProblem, reduction_for, reverse_schedule
 from synth.solver.highs import FEASIBLE, OPTIMAL, SolverOptions
@@ -399,7 +399,8 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
     if problem.collective in REVERSAL_OF:
         reversed_topology = reverse_topology(topology)
         dual = REVERSAL_OF[problem.collective]
-        phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options, packed)
+        # (no relay stars: a Reduce reversed from their FIFO-paced booking ran up to 24% slower than planned)
+        phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options, packed, relay_stars=False)
         dual_collective = make_collective(dual, topology.num_ranks, chunks, problem.root)
         if phase.roots == 1:
             # one root: the exact time reversal of the Broadcast as the runtime runs it (dgx1 Reduce 1 GB: 99.05%
@@ -443,7 +444,7 @@ def _collective(problem: CollectiveProblem, chunks: int):
 
 
 def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions,
-          packed: dict | None = None) -> _Phase:
+          packed: dict | None = None, relay_stars: bool = True) -> _Phase:
     """Pack, integerize and decompose one broadcast-type collective on ``topology`` into every chunk's out-tree;
     ``packed`` keeps the phases made for one request by their links: an Allreduce's ReduceScatter packs an
     Allgather on the reversed topology, which on a machine with links both ways is its Allgather's packing again
@@ -451,22 +452,26 @@ def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, o
 
     The fractional optimum is taken from the max-flow bound (equal to the packing LP, which the tests check on
     every built-in topology, and much faster than the LP on a switch's all-pairs links)."""
-    key = (topology.links, topology.switches, name, root, chunks)
+    key = (topology.links, topology.switches, name, root, chunks, relay_stars)
     if packed is not None and key in packed:
         return packed[key]
-    phase = _pack_once(topology, name, size_bytes, root, chunks, options)
+    phase = _pack_once(topology, name, size_bytes, root, chunks, options, relay_stars)
     if packed is not None:
         packed[key] = phase
     return phase
 
 
-def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions
-               ) -> _Phase:
+def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions,
+               relay_stars: bool = True) -> _Phase:
     """The packing MILP's link loads, decomposed into trees; for a Broadcast whose spanning trees can be listed,
     also its shallowest optimal trees (:func:`~synth.formulations.trees.shallow_packing`), and the phase whose
     booking (as :func:`_schedule` books it) ends first. Neither wins everywhere: shallow trees take dgx1
     Broadcast 1 GB from 97.8% to 98.6% of the limit from GPU 0, while from GPU 3 or 5 the decomposition's
-    trees are faster (98.0% and 98.3%, shallow 96.9% and 96.7%)."""
+    trees are faster (98.0% and 98.3%, shallow 96.9% and 96.7%).
+
+    On a switch the shallow trees are relay stars (``relay_stars``; two hops where the chain takes n - 1), booked
+    with the runtime's FIFOs, which pace their many messages per connection: booked with unbounded buffers they
+    were chosen over the chain at 64 MB on dgx-a100, and ran 1.7% slower (233.8 us against 229.9 us)."""
     commodities = broadcast_commodities(name, topology.num_ranks, root)
     group = free_symmetry_group(topology) if name == "allgather" else ()
     coll = make_collective(name, topology.num_ranks, chunks, root)
@@ -479,13 +484,14 @@ def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: i
     phase = _phase(topology, name, coll, packing, [decompose(topology, rep, packing.counts[k], chunks)
                                                     for k, rep in enumerate(packing.commodities)],
                    roots, fractional_units, size_bytes)
-    shallow = shallow_packing(topology, commodities[0], chunks, fractional_units, options) \
+    shallow = shallow_packing(topology, commodities[0], chunks, fractional_units, options, relay_stars) \
         if name == "broadcast" else None
     # (booked even with a few more units: at 2048 chunks the shallow trees' 13.68 units against 13.66 end 9 us
     # sooner, 99.2% of the limit)
     if shallow is not None:
         other = _booked(topology, coll, _phase(topology, name, coll, shallow[0], [shallow[1]], roots,
-                                               fractional_units, size_bytes), size_bytes)
+                                               fractional_units, size_bytes), size_bytes,
+                        RUNTIME_FIFO_DEPTH if shallow[0].relay_stars else _COPY_BOOKING)
         phase = _booked(topology, coll, phase, size_bytes)
         if _end_us(other.booked) <= _end_us(phase.booked):
             phase = other
@@ -517,11 +523,12 @@ def _phase(topology: Topology, name: str, coll, packing: Packing, trees_of, root
                   coll.chunk_bytes(size_bytes))
 
 
-def _booked(topology: Topology, coll, phase: _Phase, size_bytes: float) -> _Phase:
+def _booked(topology: Topology, coll, phase: _Phase, size_bytes: float, fifo_depth: int | None = _COPY_BOOKING
+            ) -> _Phase:
     """The one-root phase with its booking as :func:`_schedule` makes it (a Broadcast, or the forward schedule a
     Reduce reverses), which :func:`_schedule` then takes instead of booking it again."""
     return replace(phase, booked=list_schedule(topology, coll, phase.routes, size_bytes, "trees",
-                                               fifo_depth=_COPY_BOOKING, **_by_progress(phase)))
+                                               fifo_depth=fifo_depth, **_by_progress(phase)))
 
 
 def _end_us(schedule: Schedule) -> float:
