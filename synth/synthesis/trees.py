@@ -399,8 +399,7 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
     if problem.collective in REVERSAL_OF:
         reversed_topology = reverse_topology(topology)
         dual = REVERSAL_OF[problem.collective]
-        # (no relay stars: a Reduce reversed from their FIFO-paced booking ran up to 24% slower than planned)
-        phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options, packed, relay_stars=False)
+        phase = _pack(reversed_topology, dual, size_bytes, problem.root, chunks, options, packed)
         dual_collective = make_collective(dual, topology.num_ranks, chunks, problem.root)
         if phase.roots == 1:
             # one root: the exact time reversal of the Broadcast as the runtime runs it (dgx1 Reduce 1 GB: 99.05%
@@ -408,6 +407,12 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
             # booked as the Broadcast is (_COPY_BOOKING)
             forward = phase.booked or list_schedule(reversed_topology, dual_collective, phase.routes, size_bytes,
                                                     "trees", fifo_depth=_COPY_BOOKING, **_by_progress(phase))
+            if phase.packing.relay_stars:
+                # a relay adds the n - 2 other ranks' parts of a chunk one after the other, which the exact
+                # reversal does not see: dgx-a100 Reduce 1 MB planned at 6.32 us that way ran at 6.91 us; booked forward
+                # with the runtime's FIFOs, planned 6.42 us, it runs at 6.27 us
+                return reverse_in_time(forward, topology, _collective(problem, chunks), size_bytes, "trees",
+                                       rule="rank"), [phase]
             return reverse_schedule(forward, _collective(problem, chunks), topology.name), [phase]
         forward = list_schedule(reversed_topology, dual_collective, phase.routes, size_bytes, "trees",
                                 fifo_depth=None, **_by_progress(phase))
@@ -444,7 +449,7 @@ def _collective(problem: CollectiveProblem, chunks: int):
 
 
 def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions,
-          packed: dict | None = None, relay_stars: bool = True) -> _Phase:
+          packed: dict | None = None) -> _Phase:
     """Pack, integerize and decompose one broadcast-type collective on ``topology`` into every chunk's out-tree;
     ``packed`` keeps the phases made for one request by their links: an Allreduce's ReduceScatter packs an
     Allgather on the reversed topology, which on a machine with links both ways is its Allgather's packing again
@@ -452,24 +457,24 @@ def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, o
 
     The fractional optimum is taken from the max-flow bound (equal to the packing LP, which the tests check on
     every built-in topology, and much faster than the LP on a switch's all-pairs links)."""
-    key = (topology.links, topology.switches, name, root, chunks, relay_stars)
+    key = (topology.links, topology.switches, name, root, chunks)
     if packed is not None and key in packed:
         return packed[key]
-    phase = _pack_once(topology, name, size_bytes, root, chunks, options, relay_stars)
+    phase = _pack_once(topology, name, size_bytes, root, chunks, options)
     if packed is not None:
         packed[key] = phase
     return phase
 
 
-def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions,
-               relay_stars: bool = True) -> _Phase:
+def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions
+               ) -> _Phase:
     """The packing MILP's link loads, decomposed into trees; for a Broadcast whose spanning trees can be listed,
     also its shallowest optimal trees (:func:`~synth.formulations.trees.shallow_packing`), and the phase whose
     booking (as :func:`_schedule` books it) ends first. Neither wins everywhere: shallow trees take dgx1
     Broadcast 1 GB from 97.8% to 98.6% of the limit from GPU 0, while from GPU 3 or 5 the decomposition's
     trees are faster (98.0% and 98.3%, shallow 96.9% and 96.7%).
 
-    On a switch the shallow trees are relay stars (``relay_stars``; two hops where the chain takes n - 1), booked
+    On a switch the shallow trees are relay stars (two hops where the chain takes n - 1), booked
     with the runtime's FIFOs, which pace their many messages per connection: booked with unbounded buffers they
     were chosen over the chain at 64 MB on dgx-a100, and ran 1.7% slower (233.8 us against 229.9 us)."""
     commodities = broadcast_commodities(name, topology.num_ranks, root)
@@ -484,7 +489,7 @@ def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: i
     phase = _phase(topology, name, coll, packing, [decompose(topology, rep, packing.counts[k], chunks)
                                                     for k, rep in enumerate(packing.commodities)],
                    roots, fractional_units, size_bytes)
-    shallow = shallow_packing(topology, commodities[0], chunks, fractional_units, options, relay_stars) \
+    shallow = shallow_packing(topology, commodities[0], chunks, fractional_units, options) \
         if name == "broadcast" else None
     # (booked even with a few more units: at 2048 chunks the shallow trees' 13.68 units against 13.66 end 9 us
     # sooner, 99.2% of the limit)
