@@ -10,6 +10,7 @@ from synth.bounds.physical import lower_bound
 from synth.model.topology import compose_nodes, load_topology, topology_from_dict
 from synth.schedule.replay import verify
 from synth.synthesis.request import SynthesisRequest
+from synth.synthesis.solve import solve
 from synth.synthesis.rooted import (RootedRoutes, _square, applies, chunk_options, compose, latin_steps,
                                      latin_threadblocks, latin_trees)
 from synth.synthesis.select import hierarchy_applies, hierarchy_candidates
@@ -82,6 +83,16 @@ def test_rooted_composition_applies_to_rooted_collectives_on_several_nodes_only(
     assert not applies(load_topology("ndv2", nodes=2), "scatter")      # paths need an NVSwitch node
     assert not applies(load_topology("dgx-h100"), "broadcast")
     assert not applies(load_topology("dgx-h100", nodes=2), "allgather")
+
+
+def test_a_reduce_whose_reversed_nodes_have_no_rails_round_them_is_left_to_the_other_plans():
+    # TE-CCL's NDv2 x4 joins node k to k + 1 only: the Broadcast composes, the Reduce (on the reversed links)
+    # does not, and `synth solve reduce` writes another plan instead of stopping with "no link from node 0 to 1"
+    topo = load_topology("ndv2-4node-tecc")
+    assert applies(topo, "broadcast") and not applies(topo, "reduce")
+    solution = solve(SynthesisRequest(topo, "reduce", 1 << 10))
+    assert not solution.chosen.candidate.label.startswith("rooted")
+    assert solution.chosen.simulated_us <= solution.comparison.limit_us / 0.95
 
 
 @pytest.mark.parametrize("collective,chunks,rule", [("scatter", 8, "tail"), ("gather", 16, "work")])

@@ -73,6 +73,7 @@ from synth.synthesis.hierarchy import NodeTrees, node_trees, rank_share_GBps
 
 COLLECTIVES = ("broadcast", "reduce", "scatter", "gather")
 PERSONALISED = ("scatter", "gather")    # a path per chunk, on NVSwitch nodes
+REVERSED = ("reduce", "gather")         # composed on the reversed topology
 # Where the composition replaces the flat searches across nodes (tree packing took 8 minutes on 2 x dgx-h100
 # Broadcast 1 GB for 46% of the limit); for Scatter and Gather they still compete
 SEARCHED_ALONE = ("broadcast", "reduce")
@@ -139,12 +140,14 @@ class RootedCandidate:
 
 def applies(topology: Topology, collective: str) -> bool:
     """Whether the composition covers the request: a rooted collective on several nodes joined by rails (Scatter
-    and Gather on NVSwitch nodes)."""
+    and Gather on NVSwitch nodes). Reduce and Gather are composed on the reversed topology, so its rails are the
+    ones that must go round the nodes: TE-CCL's NDv2 x4 model joins them one way only (node k to k + 1), and
+    its Reduce stopped every `synth solve` with "no link from node 0 to node 1" instead of leaving this out."""
     name = normalize_name(collective)
     if name not in COLLECTIVES or topology.num_nodes < 2:
         return False
     try:
-        hierarchical_routes(topology, "broadcast", 0)
+        hierarchical_routes(reverse_topology(topology) if name in REVERSED else topology, "broadcast", 0)
         nodes = node_trees(topology)
     except InputError:
         return False
