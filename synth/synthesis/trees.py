@@ -409,8 +409,8 @@ def _schedule(problem: CollectiveProblem, size_bytes: float, options: SolverOpti
                                                     "trees", fifo_depth=_COPY_BOOKING, **_by_progress(phase))
             if phase.packing.relay_stars:
                 # a relay adds the n - 2 other ranks' parts of a chunk one after the other, which the exact
-                # reversal does not see: dgx-a100 Reduce 1 MB planned at 6.32 us that way ran at 6.91 us; booked forward
-                # with the runtime's FIFOs, planned 6.42 us, it runs at 6.27 us
+                # reversal does not see: dgx-a100 Reduce 1 MB planned at 6.32 us that way ran at 6.91 us;
+                # booked forward with the runtime's FIFOs, planned 6.42 us, it runs at 6.27 us
                 return reverse_in_time(forward, topology, _collective(problem, chunks), size_bytes, "trees",
                                        rule="rank"), [phase]
             return reverse_schedule(forward, _collective(problem, chunks), topology.name), [phase]
