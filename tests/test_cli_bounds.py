@@ -23,7 +23,7 @@ def test_bounds_json():
     out = json.loads(r.stdout)
     assert set(out) == {"collective", "topology", "size_bytes", "bandwidth_us", "latency_us", "limit_us",
                         "binding", "hops", "chunk_path_us", "method", "algbw_GBps", "direct_us",
-                        "crossing_us"}
+                        "crossing_us", "drain_us"}
     assert out["bandwidth_us"] == pytest.approx(40e3)
     assert out["latency_us"] == pytest.approx(4.1)
     assert out["binding"] == "bandwidth" and out["size_bytes"] == 10**9
@@ -128,3 +128,12 @@ def test_baseline_best_writes_only_what_the_runtime_runs(tmp_path, target):
     assert program.nchunksperloop & (program.nchunksperloop - 1) == 0
     fastest = json.loads(run("baseline", "best", "alltoall", "-t", "dgx1", "--size", "1MB", "--json").stdout)
     assert fastest["chunks_per_rank"] * 8 == 192 and json.loads(r.stdout)["time_us"] >= fastest["time_us"]
+
+
+def test_bounds_prints_the_drain_bound_where_it_gives_the_limit():
+    # dgx-h100 Allgather 1 MB: 7/8 MB through a GPU's 450 GB/s port (2.039 us), and the last byte still travels
+    # a 0.6 us alpha: 2.639 us, the time our plan takes
+    r = run("bounds", "allgather", "-t", "dgx-h100", "--size", "1MB")
+    assert r.exit_code == 0, r.output
+    assert "drain bound               2.639 us" in r.stderr
+    assert "limit                     2.639 us  (bandwidth binds, with the last byte's alpha" in r.stderr

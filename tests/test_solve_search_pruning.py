@@ -34,7 +34,7 @@ def test_tree_fallbacks_left_unmade_would_not_have_won():
              for c in [own, *fallbacks]]
     assert chosen.simulated_us <= min(every) * (1 + 1e-9)
     made = any("trees C=" in line and f"C={own.result.chunks}:" not in line for line in lines)
-    assert made == (every[0] > request.bound.limit_us * (1 + TREES_AT_LIMIT))
+    assert made == (every[0] > request.bound.search_limit_us * (1 + TREES_AT_LIMIT))
 
 
 def test_tree_fallbacks_have_fewer_chunks_than_the_own_count():

@@ -3,7 +3,8 @@
 Two bounds, both in microseconds:
 
 - **bandwidth**: the time the links and switch ports need to carry what must cross every cut, computed from a
-  flow network of the topology (below) with fluid (arbitrarily divisible) data;
+  flow network of the topology (below) with fluid (arbitrarily divisible) data; and **drain**, that time plus
+  the least alpha (:func:`drain_alpha_us`): the last byte through the busiest link or port still has to arrive;
 - **latency**: the alpha-weighted diameter, the largest over the rank pairs that must communicate of the
   shortest alpha path; ``hops`` is the same in hops;
 - **direct** (a latency bound that counts bytes, :func:`direct_bound_us`): before any relayed path could bring
@@ -81,11 +82,13 @@ class Bound:
     latency_us : float
         Alpha-weighted diameter over the rank pairs the collective connects, microseconds.
     limit_us : float
-        ``max(bandwidth_us, direct_us, crossing_us)`` (``direct_us >= latency_us``).
+        ``max(drain_us, direct_us, crossing_us)`` (``drain_us >= bandwidth_us``, ``direct_us >= latency_us``).
     binding : str
         ``"bandwidth"`` or ``"latency"`` (the alpha diameter, or the direct bound above it): the larger of the
         two. The crossing bound counts both (at large sizes it is the bandwidth bound plus a crossing's latency),
-        so it does not change which binds.
+        and the drain bound adds an alpha to the bandwidth bound, so neither changes which binds (what is offered
+        where latency binds, :mod:`synth.synthesis.gathered`, stays as it was measured); :attr:`limit_source`
+        says which bound gives ``limit_us``.
     hops : int
         Hop diameter over the same pairs (a lower bound on the number of steps).
     direct_us : float
@@ -96,6 +99,8 @@ class Bound:
     chunk_path_us : float
         For schedules that move whole chunks (``chunks_per_rank`` per rank), the slowest store-and-forward
         path of one chunk (alpha plus chunk bytes / bandwidth per hop); informative, not part of ``limit_us``.
+    drain_us : float
+        The bandwidth bound plus :func:`drain_alpha_us` (``bandwidth_us`` where that does not apply).
     """
 
     collective: str
@@ -110,11 +115,25 @@ class Bound:
     method: str
     direct_us: float = 0.0
     crossing_us: float = 0.0
+    drain_us: float = 0.0
+
+    @property
+    def search_limit_us(self) -> float:
+        """The limit without the drain bound's alpha: what the searches' early exits compare with ("a plan within
+        2% of the limit skips the slower searches", :data:`synth.synthesis.select.TREES_AT_LIMIT`). They were
+        measured against it, and with the drain's alpha they would skip searches whose smaller programs tie:
+        ring-4 Allgather 1 MB, whose tree packing ends at the drained limit, would no longer get its 2-step
+        plan."""
+        return max(self.bandwidth_us, self.direct_us, self.crossing_us)
 
     @property
     def limit_source(self) -> str:
-        """Which bound gives ``limit_us``: ``"crossing"`` where it tops the others, else ``binding``."""
-        return "crossing" if self.crossing_us > max(self.bandwidth_us, self.direct_us) else self.binding
+        """Which bound gives ``limit_us``: ``"crossing"`` where it tops the others, else ``"bandwidth"`` where the
+        drain bound (or the bandwidth bound) reaches the direct bound, else ``"latency"``."""
+        drain_us = max(self.drain_us, self.bandwidth_us)
+        if self.crossing_us > max(drain_us, self.direct_us):
+            return "crossing"
+        return "bandwidth" if drain_us >= self.direct_us else "latency"
 
     @property
     def algbw_GBps(self) -> float:
@@ -163,9 +182,35 @@ def lower_bound(collective_name: str, topology: Topology, size_bytes: float, chu
         if topology.num_ranks <= DIRECT_MAX_RANKS else None
     direct_us = direct_bound_us(name, topology, size_bytes, coll.root, latency_us, alpha_paths)
     crossing_us = crossing_bound_us(name, topology, size_bytes, coll.root, max(bw_us, direct_us), alpha_paths)
+    drain_us = bw_us + drain_alpha_us(topology) if bw_us > 0 else bw_us
     binding = "bandwidth" if bw_us >= direct_us else "latency"
-    return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, crossing_us, binding, hops, chunk_us,
-                 method, direct_us, crossing_us)
+    return Bound(name, topology.name, int(size_bytes), bw_us, latency_us, max(crossing_us, drain_us), binding, hops,
+                 chunk_us, method, direct_us, crossing_us, drain_us)
+
+
+def drain_alpha_us(topology: Topology) -> float:
+    """What the drain bound adds to the bandwidth bound (us): the least alpha of any link, or 0 where it is not
+    sound or would take long to prove.
+
+    Why: in any schedule some link or switch port is busy for at least the bandwidth bound (the transfers'
+    loads are a routing, and none beats the fluid optimum), its transfers take its bandwidth one after another
+    from time 0, and the last of them arrives an alpha after its bytes have gone through (:class:`~synth.schedule.
+    costmodel.LinkClock`: arrival = start + alpha + bytes / link bandwidth). Through a port slower than the link
+    the port is held longer than the link's time, and the bytes arrive less than an alpha after the port is
+    free, so such a topology gets 0; so does a composed cluster, whose links are not listed one by one (its
+    crossing bound counts a crossing's latency). dgx-h100 Allgather 1 MB: 2.04 us by bandwidth, 2.64 us drained,
+    which our plan takes.
+
+    >>> from synth.model.topology import load_topology
+    >>> drain_alpha_us(load_topology("dgx-h100")), drain_alpha_us(load_topology("ring-4"))
+    (0.6, 0.7)
+    """
+    if not isinstance(topology.links, tuple) or not topology.links:
+        return 0.0
+    ports = topology.port_capacity()
+    if any(ports[p] < link.capacity_GBps * (1 - 1e-12) for link in topology.links for p in link.ports):
+        return 0.0
+    return min(link.alpha_us for link in topology.links)
 
 
 def _check_work(name: str, topology: Topology, path_searches: int) -> None:

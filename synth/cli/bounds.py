@@ -54,11 +54,15 @@ def bounds(collective, topology_name, nodes, fabric, oversubscription, size_text
     if b.direct_us > b.latency_us:
         echo_err(f"  direct bound     {b.direct_us:14.3f} us  (what cannot be relayed in time, queued on shared "
                  f"links and ports)")
+    drained = b.drain_us > b.bandwidth_us and b.drain_us >= max(b.direct_us, b.crossing_us)
+    if drained:
+        echo_err(f"  drain bound      {b.drain_us:14.3f} us  (the bandwidth bound plus the alpha the last byte "
+                 f"still travels)")
     crossing = b.limit_source == "crossing"
     if crossing:
         echo_err(f"  crossing bound   {b.crossing_us:14.3f} us  (what must leave a node through its NIC ports, "
                  f"summed and fanned out as time allows)")
-    gives = f"{b.binding} binds"
+    gives = "bandwidth binds, with the last byte's alpha" if drained else f"{b.binding} binds"
     if crossing:     # at large sizes the crossing bound is the bandwidth bound plus a crossing's latency
         gives = "bandwidth binds, with the crossing bound's latency" if b.binding == "bandwidth" else \
             "the crossing bound gives it"

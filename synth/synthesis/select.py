@@ -137,7 +137,7 @@ def _at_the_limit(request: SynthesisRequest, found: list[Candidate]) -> bool:
     if _several_nodes(request):     # (no rooted composition on one node)
         from synth.synthesis.rooted import LABEL as ROOTED_LABEL
         labels += (ROOTED_LABEL,)
-    limit = request.bound.limit_us
+    limit = request.bound.search_limit_us
     return any(c.label.startswith(labels)
                and c.result.schedule.runs_at_power_of_two_sizes
                and c.report.time_us <= limit * (1 + TREES_AT_LIMIT) for c in found)

@@ -283,7 +283,7 @@ def _tree_fallbacks(request: SynthesisRequest, candidates: list[Candidate], best
     pipelining never beat the own count's plan there (dgx1 Allgather 1 GB: 256 chunks replay at 99.5% of the
     limit, 64 at 98.9%, 16 at 98.2%), and they cost as much to make as the own count."""
     trees = [c for c in candidates if c.label.startswith(TREES_LABEL)]
-    if request.chunks or len(trees) != 1 or best_us <= request.bound.limit_us * (1 + TREES_AT_LIMIT):
+    if request.chunks or len(trees) != 1 or best_us <= request.bound.search_limit_us * (1 + TREES_AT_LIMIT):
         return []
     return timed_phase("tree packing with fewer chunks",
                        lambda: tree_fallback_candidates(request, trees[0], progress), request, progress)
