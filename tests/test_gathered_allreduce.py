@@ -16,13 +16,14 @@ from backends.msccl.simulate import simulate_program
 from backends.msccl.verdict import check_text
 from backends.msccl.lowering import render_msccl_xml
 from backends.msccl.writer import emit_verified_xml
+from synth.bounds.physical import lower_bound
 from synth.errors import BackendError, InputError
 from synth.model.topology import load_topology
 from synth.schedule.ir import Schedule, schedule_from_dict
 from synth.schedule.replay import verify
 from synth.synthesis.baselines import build_baseline
 from synth.synthesis.request import SynthesisRequest
-from synth.synthesis.select import GATHERED_LABEL, gathered_candidate
+from synth.synthesis.select import GATHERED_LABEL, gathered_candidates
 from synth.synthesis.solve import solve
 
 KB = 1024
@@ -74,6 +75,38 @@ def test_the_sum_waits_for_every_threadblock_of_its_rank():
         assert waited == {(tb.id, len(tb.steps) - 1) for tb in others}
         assert all(tb.steps[-1].hasdep == 1 for tb in others)
         assert [st.type for st in local.steps[len(others) - 1:]] == ["cpy"] + ["re"] * (topo.num_ranks - 1)
+
+
+def test_on_32_ranks_the_sum_is_a_chain_of_threadblocks_within_the_executors_64_steps():
+    # ndv2 x4: 45 threadblocks to wait on and 31 sums outgrow one threadblock; the old single one had 77 steps
+    topo, schedule = _gathered("ndv2-4node-tecc", chunks=2)
+    program = lower_to_msccl(schedule, topo)
+    n = topo.num_ranks
+    for gpu in program.gpus:
+        k = len(gpu.tbs)        # the chain: the trailing local threadblocks that sum
+        while k and (gpu.tbs[k - 1].send, gpu.tbs[k - 1].recv) == (-1, -1) and any(
+                st.type == "re" for st in gpu.tbs[k - 1].steps):
+            k -= 1
+        others, chain = gpu.tbs[:k], gpu.tbs[k:]
+        assert all(len(tb.steps) <= 64 for tb in gpu.tbs)
+        assert [st.type for tb in chain for st in tb.steps if st.type != "nop"] == ["cpy"] + ["re"] * (n - 1)
+        waited = {(st.depid, st.deps) for tb in chain for st in tb.steps if st.depid >= 0}
+        assert {(tb.id, len(tb.steps) - 1) for tb in others} <= waited
+        for before, after in zip(chain, chain[1:]):     # each link waits on the one before it
+            assert (after.steps[0].depid, after.steps[0].deps) == (before.id, len(before.steps) - 1)
+            assert before.steps[-1].hasdep == 1 and before.steps[-1].type != "nop"
+    assert max(len([tb for tb in g.tbs if tb.send == -1 == tb.recv]) for g in program.gpus) > 1
+    assert execute_program(program).ok
+    assert not check_text(render_msccl_xml(program), "<gathered>", "executor", sms=80).errors()
+
+
+def test_ndv2x4_allreduce_1kb_gathered_is_written_within_ten_percent_of_the_alpha_diameter():
+    # the alpha-beta search's reduce-scatter + allgather takes 16.2 us, twice the 8.1 us alpha diameter
+    topo, schedule = _gathered("ndv2-4node-tecc", chunks=2)
+    emitted = emit_verified_xml(schedule, topo, "executor", KB)
+    bound = lower_bound("allreduce", topo, KB)
+    assert bound.latency_us == pytest.approx(8.1)
+    assert emitted.simulated_us <= bound.latency_us * 1.10
 
 
 def test_only_an_allgather_program_is_gathered():
@@ -130,11 +163,13 @@ def test_the_schedule_file_round_trips_and_is_checked():
 
 def test_the_candidate_applies_where_alphas_bind_on_an_allreduce():
     ring = load_topology("ring-8")
-    candidate = gathered_candidate(SynthesisRequest(ring, "allreduce", KB))
-    assert candidate.label.startswith(GATHERED_LABEL + "shortest-path/")
-    assert candidate.result.schedule.gathered
-    assert gathered_candidate(SynthesisRequest(ring, "allgather", KB)) is None
-    assert gathered_candidate(SynthesisRequest(ring, "allreduce", 1 << 30)) is None     # bandwidth binds
+    candidates = gathered_candidates(SynthesisRequest(ring, "allreduce", KB))
+    assert candidates[0].label.startswith(GATHERED_LABEL + "shortest-path/")
+    assert all(c.result.schedule.gathered for c in candidates)
+    times = [c.report.time_us for c in candidates]
+    assert times == sorted(times) and len({c.label for c in candidates}) == len(candidates) > 1
+    assert gathered_candidates(SynthesisRequest(ring, "allgather", KB)) == []
+    assert gathered_candidates(SynthesisRequest(ring, "allreduce", 1 << 30)) == []     # bandwidth binds
 
 
 def test_solve_writes_ring8_allreduce_1kb_within_ten_percent_of_the_alpha_diameter():

@@ -11,9 +11,9 @@ The Allgather's program is lowered as any other; :func:`reduce_gathered` then ma
   is its input (the Allreduce's input and output are one buffer of ``C`` chunks, as the Allgather's input);
 - a copy of the rank's own input into its block of the output copies it into the Allreduce's output instead
   (steps may wait for it, so it stays a step that signals);
-- one more threadblock per GPU waits for every other threadblock's last step (``nop`` steps, one dependency
-  each), copies the input to the output (a no-op in place) and adds the ``n - 1`` gathered buffers into it
-  (``re``, ``cnt = C``).
+- one more threadblock per GPU (a chain of them where the steps outgrow one) waits for every other threadblock's
+  last step (``nop`` steps, one dependency each), copies the input to the output (a no-op in place) and adds the
+  ``n - 1`` gathered buffers into it (``re``, ``cnt = C``).
 
 Waiting for every threadblock keeps the sum from writing the buffer an in-place send is still reading; the
 simulator times local steps as free (a local reduce of a few KB runs at memory bandwidth), so the file takes the
@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock, safe_name
+from backends.msccl.limits import MAX_STEPS_EXECUTOR
 from synth.errors import BackendError
 
 
@@ -82,7 +83,7 @@ def reduce_gathered(program: MscclProgram, name: str | None = None) -> MscclProg
                 steps.append(Step(st.s, st.type, sb, so, db, do, st.cnt, st.depid, st.deps, st.hasdep))
             tbs.append(replace(tb, steps=tuple(steps), line=0))
         tbs = _published_last(tbs)
-        tbs.append(_sum_threadblock(gpu.id, tbs, n, per_rank, scratch[gpu.id]))
+        tbs += _sum_threadblocks(gpu.id, tbs, n, per_rank, scratch[gpu.id])
         gpus.append(Gpu(gpu.id, per_rank, per_rank, scratch[gpu.id] + n * per_rank, tuple(tbs)))
     default = program.name.replace("allgather", "allreduce_gathered", 1)
     return replace(program, name=safe_name(name or default), coll="allreduce", nchunksperloop=per_rank,
@@ -99,14 +100,36 @@ def _published_last(tbs: list[Threadblock]) -> list[Threadblock]:
     return out
 
 
-def _sum_threadblock(rank: int, tbs: list[Threadblock], n: int, per_rank: int, first_scratch: int
-                     ) -> Threadblock:
-    """The local threadblock: wait for every other's last step, copy input to output, add the gathered buffers."""
+def _sum_threadblocks(rank: int, tbs: list[Threadblock], n: int, per_rank: int, first_scratch: int
+                      ) -> list[Threadblock]:
+    """The local threadblocks: wait for every other's last step, copy input to output, add the gathered buffers.
+
+    One ``nop`` per threadblock waited on and one ``re`` per peer outgrow the executor's 64 steps per threadblock
+    on large machines (ndv2 x4: 45 waits and 31 sums on a GPU), so the work is cut into a chain of threadblocks of
+    at most :data:`~backends.msccl.limits.MAX_STEPS_EXECUTOR` steps, each starting with a wait on the last step of
+    the one before: the sums still run one after another into the one output."""
     waits = [(tb.id, len(tb.steps) - 1) for tb in tbs if tb.steps]
-    steps = [Step(k, "nop", "i", 0, "o", 0, 1, tb, last, 0) for k, (tb, last) in enumerate(waits[:-1])]
+    work = [("nop", "i", 0, 1, tb, last) for tb, last in waits[:-1]]
     depid, deps = waits[-1] if waits else (-1, -1)
-    steps.append(Step(len(steps), "cpy", "i", 0, "o", 0, per_rank, depid, deps, 0))
-    for peer in range(n):
-        if peer != rank:
-            steps.append(Step(len(steps), "re", "s", first_scratch + peer * per_rank, "o", 0, per_rank))
-    return Threadblock(len(tbs), -1, -1, 0, tuple(steps))
+    work.append(("cpy", "i", 0, per_rank, depid, deps))
+    work += [("re", "s", first_scratch + peer * per_rank, per_rank, -1, -1) for peer in range(n) if peer != rank]
+    chain: list[Threadblock] = []
+    while work:
+        if chain:       # wait on the previous link's last step, published for it
+            last = chain[-1]
+            chain[-1] = replace(last, steps=last.steps[:-1] + (replace(last.steps[-1], hasdep=1),))
+            kind, buf, off, cnt, dep, _ = work[0]
+            # a nop's wait is attached to the next step, which needs a dependency of its own: a first step
+            # without one takes the wait itself
+            if dep == -1:
+                work[0] = (kind, buf, off, cnt, last.id, len(last.steps) - 1)
+            else:
+                work.insert(0, ("nop", "i", 0, 1, last.id, len(last.steps) - 1))
+        cut = MAX_STEPS_EXECUTOR
+        while cut < len(work) and work[cut - 1][0] == "nop":     # a link ends on a step, not on a wait
+            cut -= 1
+        take, work = work[:cut], work[cut:]
+        steps = tuple(Step(k, kind, buf, off, "o", 0, cnt, dep, dep_step, 0)
+                      for k, (kind, buf, off, cnt, dep, dep_step) in enumerate(take))
+        chain.append(Threadblock(len(tbs) + len(chain), -1, -1, 0, steps))
+    return chain

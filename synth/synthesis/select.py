@@ -293,20 +293,22 @@ def reversal_candidate(request: SynthesisRequest, progress: Progress = _quiet) -
 GATHERED_LABEL = "gathered/"
 
 
-def gathered_candidate(request: SynthesisRequest, progress: Progress = _quiet) -> Candidate | None:
-    """An Allreduce as every rank's whole input gathered untouched and summed on each rank
-    (:mod:`synth.synthesis.gathered`), or None where that is not offered."""
-    from synth.synthesis.gathered import gathered_allreduce
+def gathered_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
+    """Allreduce as every rank's whole input gathered untouched and summed on each rank
+    (:mod:`synth.synthesis.gathered`), one per Allgather baseline, fastest replay first; none where that is not
+    offered. The simulator picks among them: ``synth solve`` writes the next only while its replay beats the
+    files written."""
+    from synth.synthesis.gathered import gathered_allreduces
 
-    found = gathered_allreduce(request.topology, request.collective, request.size_bytes, request.search_deadline,
-                               request.bound)
-    if found is None:
-        return None
-    schedule, report = found.schedule, found.report
-    progress(f"  gathered allreduce over the allgather baseline {found.baseline}: {report.time_us:.2f} us")
-    result = SynthesisResult(schedule, Status.FEASIBLE, 0.0, None, 1, schedule.steps, schedule.rounds,
-                             schedule.collective.chunks_per_rank)
-    return Candidate(GATHERED_LABEL + found.baseline, result, report)
+    found = gathered_allreduces(request.topology, request.collective, request.size_bytes, request.search_deadline,
+                                request.bound)
+    if found:
+        progress(f"  gathered allreduce over the allgather baseline {found[0].baseline}: "
+                 f"{found[0].report.time_us:.2f} us ({len(found)} baseline(s))")
+    return [Candidate(GATHERED_LABEL + each.baseline,
+                      SynthesisResult(each.schedule, Status.FEASIBLE, 0.0, None, 1, each.schedule.steps,
+                                      each.schedule.rounds, each.schedule.collective.chunks_per_rank), each.report)
+            for each in found]
 
 
 def exchange_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
@@ -421,15 +423,18 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
                 raise
             progress(f"  hierarchy: {exc}")
             errors.append(str(exc))
+    # the reversal and the gathered Allreduce take a second where the alpha-beta search may take minutes: built
+    # first, they are there to write when its time runs out (ndv2 x4 Allreduce 1 KB), listed after it for ties
+    reversed_: list[Candidate] = []
+    if flat and request.sketch is None:
+        reversed_ = [c for c in timed_phase("reversal", lambda: [reversal_candidate(request, progress)], request,
+                                            progress) if c is not None]
+    gathered: list[Candidate] = []
+    if request.open_choice and request.sketch is None:
+        gathered = timed_phase("gathered", lambda: gathered_candidates(request, progress), request, progress)
     if method in (Method.ROUTED, Method.TIMEXP) or flat:
         found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
-    found += trees + paths + composed
-    if flat and request.sketch is None:
-        found += [c for c in timed_phase("reversal", lambda: [reversal_candidate(request, progress)], request,
-                                         progress) if c is not None]
-    if request.open_choice and request.sketch is None:
-        found += [c for c in timed_phase("gathered", lambda: [gathered_candidate(request, progress)], request,
-                                         progress) if c is not None]
+    found += trees + paths + composed + reversed_ + gathered
     if (request.open_choice or method == Method.HIERARCHY) and request.sketch is None and _several_nodes(request):
         found += timed_phase("sharded exchange", lambda: exchange_candidates(request, progress), request, progress)
     if request.include_baselines and request.open_choice and request.sketch is None:
