@@ -118,7 +118,7 @@ def test_only_an_allgather_program_is_gathered():
 
 def test_a_step_across_the_own_block_is_refused():
     topo, schedule = _gathered("ring-4", "ring", 2)
-    program = lower_to_msccl(replace(schedule, gathered=False), topo)
+    program = lower_to_msccl(replace(schedule, gathered=""), topo)
     gpu = program.gpus[1]
     tb = next(tb for tb in gpu.tbs if tb.send >= 0)
     wide = Step(len(tb.steps), "s", "o", 1, "o", 1, 2)         # output 1..2: GPU 1's block is 2..3
@@ -149,16 +149,21 @@ def test_a_gathered_schedule_needs_an_allgather():
 def test_the_schedule_file_round_trips_and_is_checked():
     _, schedule = _gathered("ring-8")
     raw = schedule.to_dict()
-    assert raw["gathered"] is True
+    assert raw["gathered"] == "allreduce"
     back = schedule_from_dict(raw)
-    assert back.gathered and back.collective == schedule.collective
+    assert back.gathered == "allreduce" and back.collective == schedule.collective
     assert set(back.transfers) == set(schedule.transfers)
-    with pytest.raises(InputError, match="gathered: must be true or false, got 'yes'"):
+    assert schedule_from_dict({**raw, "gathered": True}).gathered == "allreduce"     # files from before Alltoall
+    assert schedule_from_dict({**raw, "gathered": "alltoall"}).computes == "alltoall"
+    with pytest.raises(InputError, match="gathered: must be allreduce or alltoall or empty .true or false in older "
+                                         "files., got 'yes'"):
         schedule_from_dict({**raw, "gathered": "yes"})
     other = build_baseline("ring", "broadcast", load_topology("ring-8")).to_dict()
-    with pytest.raises(InputError, match="give collective.name allgather, not broadcast"):
+    with pytest.raises(InputError, match="a gathered allreduce moves an Allgather of whole inputs: give "
+                                         "collective.name allgather, not broadcast"):
         schedule_from_dict({**other, "gathered": True})
-    assert schedule_from_dict({k: v for k, v in raw.items() if k != "gathered"}).gathered is False
+    assert schedule_from_dict({k: v for k, v in raw.items() if k != "gathered"}).gathered == ""
+    assert schedule_from_dict({**raw, "gathered": False}).gathered == ""
 
 
 def test_the_candidate_applies_where_alphas_bind_on_an_allreduce():

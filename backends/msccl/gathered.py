@@ -37,8 +37,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from backends.msccl.ir import Gpu, MscclProgram, Step, Threadblock, safe_name
-from backends.msccl.limits import MAX_STEPS_EXECUTOR
+from backends.msccl.limits import MAX_CNT, MAX_STEPS_EXECUTOR
 from synth.errors import BackendError
+from synth.schedule.ir import GATHERED_PICK, GATHERED_SUM
 
 
 def reduce_gathered(program: MscclProgram, name: str | None = None) -> MscclProgram:
@@ -48,22 +49,56 @@ def reduce_gathered(program: MscclProgram, name: str | None = None) -> MscclProg
     Raises BackendError for a program that is not an Allgather, or whose merged step spans a rank's own block
     and another's (its own block becomes the input buffer, the others scratch).
     """
+    return _gathered(program, GATHERED_SUM, 1, name)
+
+
+def pick_gathered(program: MscclProgram, name: str | None = None) -> MscclProgram:
+    """The Alltoall program of an Allgather ``program`` that gathers every rank's whole input: each Allgather
+    chunk (1/C of an input) is n of the Alltoall's chunks (``nchunksperloop`` n C, C per pair of ranks), and each
+    rank copies its block of every input it gathered into its output. ``name`` and errors as
+    :func:`reduce_gathered`; a step of more than 71 / n chunks (``cnt``) cannot be scaled and is refused.
+
+    >>> from synth.model.topology import load_topology
+    >>> from synth.synthesis.baselines import build_baseline
+    >>> from backends.msccl.lowering import lower_to_msccl
+    >>> from backends.msccl.interpret import execute_program
+    >>> ring = load_topology("ring-4")
+    >>> program = pick_gathered(lower_to_msccl(build_baseline("shortest-path", "allgather", ring), ring))
+    >>> program.coll, program.nchunksperloop, execute_program(program).ok
+    ('alltoall', 4, True)
+    """
+    return _gathered(program, GATHERED_PICK, program.ngpus, name)
+
+
+def finish_gathered(program: MscclProgram, computes: str, name: str | None = None) -> MscclProgram:
+    """The gathered ``computes`` program (:attr:`synth.schedule.ir.Schedule.gathered`) of the Allgather
+    ``program``: :func:`reduce_gathered` or :func:`pick_gathered`."""
+    return (reduce_gathered if computes == GATHERED_SUM else pick_gathered)(program, name)
+
+
+def _gathered(program: MscclProgram, computes: str, scale: int, name: str | None) -> MscclProgram:
+    """``program``'s Allgather made the gathered ``computes`` program, every chunk ``scale`` of its chunks."""
+    what = computes.capitalize()
     if program.collective != "allgather":
-        raise BackendError(f"a gathered Allreduce is made from an Allgather program, not {program.coll}")
+        raise BackendError(f"a gathered {what} is made from an Allgather program, not {program.coll}")
     n = program.ngpus
-    per_rank = program.nchunksperloop // n       # C: the chunks of one rank's input
-    scratch = {gpu.id: gpu.s_chunks for gpu in program.gpus}
+    per_rank = program.nchunksperloop // n       # C: the Allgather's chunks of one rank's input
+    widest = max((st.cnt for gpu in program.gpus for tb in gpu.tbs for st in tb.steps), default=1)
+    if widest * scale > MAX_CNT:
+        raise BackendError(f"a step of {widest} chunks is {widest * scale} of the gathered {what}'s, over the "
+                           f"runtimes' cnt <= {MAX_CNT}")
+    scratch = {gpu.id: gpu.s_chunks * scale for gpu in program.gpus}
 
     def moved(rank: int, buffer: str, offset: int, cnt: int) -> tuple[str, int]:
         if buffer != "o":
-            return buffer, offset
+            return buffer, offset * scale
         own = rank * per_rank
         if own <= offset and offset + cnt <= own + per_rank:
-            return "i", offset - own
+            return "i", (offset - own) * scale
         if offset < own + per_rank and own < offset + cnt:
             raise BackendError(f"GPU {rank}: a step of {cnt} chunks at output {offset} holds its own block and "
-                               "another rank's, so no gathered Allreduce can be made of it")
-        return "s", scratch[rank] + offset
+                               f"another rank's, so no gathered {what} can be made of it")
+        return "s", scratch[rank] + offset * scale
 
     gpus = []
     for gpu in program.gpus:
@@ -78,15 +113,19 @@ def reduce_gathered(program: MscclProgram, name: str | None = None) -> MscclProg
                 dst_rank = tb.send if st.type == "s" else gpu.id     # a send names the receiver's slot
                 sb, so = moved(src_rank, st.srcbuf, st.srcoff, st.cnt)
                 db, do = moved(dst_rank, st.dstbuf, st.dstoff, st.cnt)
-                if st.type == "cpy" and (sb, so) == (db, do):     # the own block's copy: to the output
-                    db = "o"
-                steps.append(Step(st.s, st.type, sb, so, db, do, st.cnt, st.depid, st.deps, st.hasdep))
+                if st.type == "cpy" and (sb, so) == (db, do) and computes == GATHERED_SUM:
+                    db = "o"            # the own block's copy: to the output (an Alltoall's picks its block last)
+                steps.append(Step(st.s, st.type, sb, so, db, do, st.cnt * scale, st.depid, st.deps, st.hasdep))
             tbs.append(replace(tb, steps=tuple(steps), line=0))
         tbs = _published_last(tbs)
-        tbs += _sum_threadblocks(gpu.id, tbs, n, per_rank, scratch[gpu.id])
-        gpus.append(Gpu(gpu.id, per_rank, per_rank, scratch[gpu.id] + n * per_rank, tuple(tbs)))
-    default = program.name.replace("allgather", "allreduce_gathered", 1)
-    return replace(program, name=safe_name(name or default), coll="allreduce", nchunksperloop=per_rank,
+        if computes == GATHERED_SUM:
+            tbs += _local_chain(tbs, _sums(gpu.id, n, per_rank, scratch[gpu.id]))
+        else:
+            tbs += _local_chain(tbs, _picks(gpu.id, n, per_rank, scratch[gpu.id]))
+        buffer = per_rank * scale
+        gpus.append(Gpu(gpu.id, buffer, buffer, scratch[gpu.id] + n * buffer, tuple(tbs)))
+    default = program.name.replace("allgather", f"{computes}_gathered", 1)
+    return replace(program, name=safe_name(name or default), coll=computes, nchunksperloop=per_rank * scale,
                    gpus=tuple(gpus), line=0)
 
 
@@ -100,36 +139,53 @@ def _published_last(tbs: list[Threadblock]) -> list[Threadblock]:
     return out
 
 
-def _sum_threadblocks(rank: int, tbs: list[Threadblock], n: int, per_rank: int, first_scratch: int
-                      ) -> list[Threadblock]:
-    """The local threadblocks: wait for every other's last step, copy input to output, add the gathered buffers.
+# A local step of the chain: (type, srcbuf, srcoff, dstoff in the output, cnt)
+_Local = tuple[str, str, int, int, int]
 
-    One ``nop`` per threadblock waited on and one ``re`` per peer outgrow the executor's 64 steps per threadblock
-    on large machines (ndv2 x4: 45 waits and 31 sums on a GPU), so the work is cut into a chain of threadblocks of
-    at most :data:`~backends.msccl.limits.MAX_STEPS_EXECUTOR` steps, each starting with a wait on the last step of
-    the one before: the sums still run one after another into the one output."""
+
+def _sums(rank: int, n: int, per_rank: int, first_scratch: int) -> list[_Local]:
+    """An Allreduce's: copy the input to the output (a no-op in place), add the ``n - 1`` gathered inputs."""
+    return [("cpy", "i", 0, 0, per_rank)] + [("re", "s", first_scratch + peer * per_rank, 0, per_rank)
+                                            for peer in range(n) if peer != rank]
+
+
+def _picks(rank: int, n: int, per_pair: int, first_scratch: int) -> list[_Local]:
+    """An Alltoall's: the rank's own block of its input, then its block of each gathered input, each to that
+    sender's block of the output."""
+    whole = n * per_pair        # one rank's input, as gathered
+    return [("cpy", "i" if peer == rank else "s",
+             (0 if peer == rank else first_scratch + peer * whole) + rank * per_pair, peer * per_pair, per_pair)
+            for peer in [rank] + [p for p in range(n) if p != rank]]
+
+
+def _local_chain(tbs: list[Threadblock], local: list[_Local]) -> list[Threadblock]:
+    """The local threadblocks: wait for every other's last step, then the ``local`` steps, one after another.
+
+    One ``nop`` per threadblock waited on and one step per peer outgrow the executor's 64 steps per threadblock
+    on large machines (ndv2 x4: 45 waits and 32 local steps on a GPU), so the work is cut into a chain of
+    threadblocks of at most :data:`~backends.msccl.limits.MAX_STEPS_EXECUTOR` steps, each starting with a wait on
+    the last step of the one before: the local steps still run one after another into the one output."""
     waits = [(tb.id, len(tb.steps) - 1) for tb in tbs if tb.steps]
-    work = [("nop", "i", 0, 1, tb, last) for tb, last in waits[:-1]]
+    work = [("nop", "i", 0, 0, 1, tb, last) for tb, last in waits[:-1]]
     depid, deps = waits[-1] if waits else (-1, -1)
-    work.append(("cpy", "i", 0, per_rank, depid, deps))
-    work += [("re", "s", first_scratch + peer * per_rank, per_rank, -1, -1) for peer in range(n) if peer != rank]
+    work.append(local[0] + (depid, deps))
+    work += [step + (-1, -1) for step in local[1:]]
     chain: list[Threadblock] = []
     while work:
         if chain:       # wait on the previous link's last step, published for it
             last = chain[-1]
             chain[-1] = replace(last, steps=last.steps[:-1] + (replace(last.steps[-1], hasdep=1),))
-            kind, buf, off, cnt, dep, _ = work[0]
             # a nop's wait is attached to the next step, which needs a dependency of its own: a first step
             # without one takes the wait itself
-            if dep == -1:
-                work[0] = (kind, buf, off, cnt, last.id, len(last.steps) - 1)
+            if work[0][-2] == -1:
+                work[0] = work[0][:-2] + (last.id, len(last.steps) - 1)
             else:
-                work.insert(0, ("nop", "i", 0, 1, last.id, len(last.steps) - 1))
+                work.insert(0, ("nop", "i", 0, 0, 1, last.id, len(last.steps) - 1))
         cut = MAX_STEPS_EXECUTOR
         while cut < len(work) and work[cut - 1][0] == "nop":     # a link ends on a step, not on a wait
             cut -= 1
         take, work = work[:cut], work[cut:]
-        steps = tuple(Step(k, kind, buf, off, "o", 0, cnt, dep, dep_step, 0)
-                      for k, (kind, buf, off, cnt, dep, dep_step) in enumerate(take))
+        steps = tuple(Step(k, kind, buf, off, "o", dst, cnt, dep, dep_step, 0)
+                      for k, (kind, buf, off, dst, cnt, dep, dep_step) in enumerate(take))
         chain.append(Threadblock(len(tbs) + len(chain), -1, -1, 0, steps))
     return chain

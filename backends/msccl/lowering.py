@@ -36,7 +36,7 @@ from synth.schedule.ir import REDUCE, BufferLayout, Schedule, Transfer, buffer_l
 from backends.msccl import conventions
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.ir import COLL_SPELLING, Gpu, MscclProgram, Step, Threadblock, safe_name
-from backends.msccl.gathered import reduce_gathered
+from backends.msccl.gathered import finish_gathered
 from backends.msccl.implied import drop_implied
 from backends.msccl.limits import MAX_CHANNELS, MAX_DEPID, MAX_TBS_PER_CHANNEL_DIRECTION, max_steps
 
@@ -453,11 +453,11 @@ def lower_to_msccl(schedule: Schedule, topology=None, size_bytes: int | None = N
     """
     if target not in TARGETS:
         raise BackendError(f"unknown target {target!r}; use executor or legacy")
-    if schedule.gathered:     # the Allgather its transfers move, then each rank's local sum (backends.msccl.gathered)
-        stage = lower_to_msccl(replace(schedule, gathered=False), topology, size_bytes, target, proto, None, min_bytes,
+    if schedule.gathered:     # the Allgather its transfers move, then each rank's local steps (backends.msccl.gathered)
+        stage = lower_to_msccl(replace(schedule, gathered=""), topology, size_bytes, target, proto, None, min_bytes,
                                max_bytes, fuse, channels, group, planned, per_message, balance, in_link_order,
                                None if tb_budget is None else tb_budget - 1, in_flight)
-        return stage if isinstance(stage, OverBudget) else reduce_gathered(stage, name)
+        return stage if isinstance(stage, OverBudget) else finish_gathered(stage, schedule.gathered, name)
     key = (fuse, channels, group, balance, target, proto, name, min_bytes, max_bytes, per_message, in_link_order,
            in_flight)
     if planned is not None and key in planned.programs:

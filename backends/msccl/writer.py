@@ -43,7 +43,7 @@ from backends.msccl.fit import (Fit, Lowering, all_in_flight_channels, fit_lower
                                in_flight_channels, iter_wider_fits, lowered_fit, measure, measured_wider_fits,
                                plain_too_long, unmerged_too_long, whole_message_fit, wider_channels)
 from backends.msccl.floor import schedule_floor_us, unmerged_floor_us
-from backends.msccl.gathered import reduce_gathered
+from backends.msccl.gathered import finish_gathered
 from backends.msccl.interpret import DEFAULT_RUNTIME_FIFO_DEPTH, RUNTIME_FIFO_DEPTH
 from backends.msccl.lowering import DEFAULT_MAX_BYTES, PlannedOps, render_msccl_xml
 from backends.msccl.simulate import simulate_program
@@ -212,22 +212,26 @@ def emit_verified_xml(schedule: Schedule, topology: Topology, target: str = "exe
 
 def _emit_gathered(schedule: Schedule, topology: Topology, target: str, size_bytes: int | None, *, name: str | None,
                    progress: Callable[[str], None], **options) -> EmittedXml:
-    """A gathered Allreduce's file (:mod:`backends.msccl.gathered`): the fastest verified file of the Allgather its
-    transfers move (at n times the size: the same chunks), made the Allreduce's and judged again as ``synth check``
-    does, postcondition and all. Its local sum takes no time in the simulator, so the Allgather's choice of
-    lowering is the Allreduce's."""
-    stage = replace(schedule, gathered=False)
+    """A gathered schedule's file (:mod:`backends.msccl.gathered`): the fastest verified file of the Allgather its
+    transfers move (at n times the size: the same bytes), made the Allreduce's or Alltoall's and judged again as
+    ``synth check`` does, postcondition and all. Its local steps take no time in the simulator, so the
+    Allgather's choice of lowering is the gathered file's."""
+    what = schedule.gathered.capitalize()
+    stage = replace(schedule, gathered="")
     emitted = emit_verified_xml(stage, topology, target, size_bytes and int(schedule.moved_size(size_bytes)),
                                 progress=progress, **options)
-    program = reduce_gathered(emitted.program, name)
+    try:
+        program = finish_gathered(emitted.program, schedule.gathered, name)
+    except BackendError as exc:
+        raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: {exc}") from None
     fit = measure(program, emitted.lowering, target, topology.sms_per_gpu)
     if not fit.fits:
-        raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: the gathered Allreduce's "
-                           f"local sum breaks a limit: {fit.reason()}")
-    progress("    checking the gathered Allreduce as synth check does (render, parse, lint, execute)")
+        raise BackendError(f"refusing to write MSCCL XML for the {target} runtime: the gathered {what}'s "
+                           f"local steps break a limit: {fit.reason()}")
+    progress(f"    checking the gathered {what} as synth check does (render, parse, lint, execute)")
     made, failure = _judge(fit, topology, target, _simulated_us(program, topology, size_bytes))
     if made is None:
-        raise VerificationError(f"the gathered Allreduce's program {failure[0]}")
+        raise VerificationError(f"the gathered {what}'s program {failure[0]}")
     return replace(made, variants_cut=emitted.variants_cut)
 
 

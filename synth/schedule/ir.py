@@ -24,6 +24,10 @@ from synth.fileio import read_json
 COPY = "copy"
 REDUCE = "reduce"
 SCHEDULE_FORMAT = "synth-schedule/1"
+# What a gathered schedule (Schedule.gathered) computes from the whole inputs it gathers
+GATHERED_SUM = "allreduce"          # each rank adds the n inputs
+GATHERED_PICK = "alltoall"          # each rank copies out its block of each input
+GATHERED_KINDS = (GATHERED_SUM, GATHERED_PICK)
 
 
 @dataclass(frozen=True)
@@ -63,9 +67,13 @@ class Schedule:
     method: str = "steps"
     inplace: bool = False
     notes: dict = field(default_factory=dict, compare=False)
-    gathered: bool = False
+    gathered: str = ""
 
     def __post_init__(self):
+        if isinstance(self.gathered, bool):      # True: the gathered Allreduce, as before there were two kinds
+            object.__setattr__(self, "gathered", GATHERED_SUM if self.gathered else "")
+        if self.gathered not in ("",) + GATHERED_KINDS:
+            raise ValueError(f"gathered is {' or '.join(GATHERED_KINDS)} or empty, not {self.gathered!r}")
         if self.gathered and self.collective.name != "allgather":
             raise ValueError(f"a gathered schedule moves an Allgather of whole inputs, not {self.collective.name}")
 
@@ -73,21 +81,25 @@ class Schedule:
     def num_ranks(self) -> int:
         return self.collective.num_ranks
 
-    # A gathered schedule (``gathered``) is an Allreduce whose transfers are an Allgather of every rank's whole
-    # input, its ``collective`` (C chunks per rank: the Allreduce's buffer); each rank then adds the n buffers
-    # into its output (backends.msccl.gathered). Relays forward other ranks' inputs untouched, which partial sums
-    # cannot do, so it crosses the machine once (ring-8: 4 hops, where reduce-then-broadcast takes 8), at n times
-    # the bytes. The members below describe what the schedule computes: use them, not ``collective``'s, for sizes,
-    # names and selection.
+    # A gathered schedule (``gathered``: the collective it computes) moves an Allgather of every rank's whole
+    # input, its ``collective`` (C chunks per rank), and each rank then combines the n inputs locally
+    # (backends.msccl.gathered): an Allreduce adds them into its output, an Alltoall copies out its block of each.
+    # Relays forward whole inputs untouched, which partial sums cannot do, so it crosses the machine once (ring-8
+    # Allreduce: 4 hops, where reduce-then-broadcast takes 8; ndv2 x4 Alltoall: one message per link and step
+    # where per-pair chunks queue at its FIFOs), at n times the bytes. The members below describe what the
+    # schedule computes: use them, not ``collective``'s, for sizes, names and selection.
 
     @property
     def computes(self) -> str:
-        """The collective the schedule computes: ``allreduce`` for a gathered one, else its collective's name."""
-        return "allreduce" if self.gathered else self.collective.name
+        """The collective the schedule computes: ``gathered``'s for a gathered one, else its collective's name."""
+        return self.gathered or self.collective.name
 
     @property
     def loop_chunks(self) -> int:
-        """MSCCL's ``nchunksperloop`` of the file: a gathered Allreduce's buffer is one rank's input, C chunks."""
+        """MSCCL's ``nchunksperloop`` of the file: a gathered Allreduce's buffer is one rank's input, C chunks; a
+        gathered Alltoall's is n blocks of C (each Allgather chunk, 1/C of an input, is n of its chunks)."""
+        if self.gathered == GATHERED_PICK:
+            return self.num_ranks * self.collective.chunks_per_rank
         return self.collective.chunks_per_rank if self.gathered else self.collective.loop_chunks
 
     @property
@@ -96,12 +108,14 @@ class Schedule:
         return self.loop_chunks & (self.loop_chunks - 1) == 0
 
     def chunk_bytes(self, size_bytes: float) -> float:
-        """Bytes in one chunk at nccl-tests' ``size_bytes`` of what the schedule computes."""
-        return size_bytes / self.loop_chunks if self.gathered else self.collective.chunk_bytes(size_bytes)
+        """Bytes one transfer moves at nccl-tests' ``size_bytes`` of what the schedule computes: a gathered
+        schedule's transfers carry 1/C of a rank's whole input."""
+        return size_bytes / self.collective.chunks_per_rank if self.gathered else \
+            self.collective.chunk_bytes(size_bytes)
 
     def moved_size(self, size_bytes: float) -> float:
         """nccl-tests' size of the collective the transfers move, with chunks of :meth:`chunk_bytes`: a gathered
-        Allreduce of ``size_bytes`` moves the Allgather of n times that."""
+        schedule of ``size_bytes`` moves the Allgather of n times that."""
         return size_bytes * self.num_ranks if self.gathered else size_bytes
 
     def busbw_factor(self) -> float:
@@ -267,11 +281,14 @@ def schedule_from_dict(raw: dict, source: str = "<memory>") -> Schedule:
     inplace = raw.get("inplace", False)
     if not isinstance(inplace, bool):
         raise InputError(source, "inplace", f"must be true or false, got {shown(inplace)}")
-    gathered = raw.get("gathered", False)
-    if not isinstance(gathered, bool):
-        raise InputError(source, "gathered", f"must be true or false, got {shown(gathered)}")
+    gathered = raw.get("gathered", "")
+    if isinstance(gathered, bool):      # files written before the gathered Alltoall: true is the Allreduce
+        gathered = GATHERED_SUM if gathered else ""
+    if gathered not in ("",) + GATHERED_KINDS:
+        raise InputError(source, "gathered", f"must be {' or '.join(GATHERED_KINDS)} or empty (true or false in "
+                         f"older files), got {shown(gathered)}")
     if gathered and collective.name != "allgather":
-        raise InputError(source, "gathered", "a gathered Allreduce moves an Allgather of whole inputs: give "
+        raise InputError(source, "gathered", f"a gathered {gathered} moves an Allgather of whole inputs: give "
                          f"collective.name allgather, not {collective.name}")
     notes = raw.get("notes") or {}
     if not isinstance(notes, dict):

@@ -36,7 +36,7 @@ class AlgorithmKind(TextEnum):
     STEPS = "steps"
     ALPHA_BETA = "alphabeta"
     BASELINE = "baseline"
-    GATHERED = "gathered"      # an Allreduce of whole inputs gathered, then summed (synth.synthesis.gathered)
+    GATHERED = "gathered"      # whole inputs gathered, then summed or picked from (synth.synthesis.gathered)
 
 
 

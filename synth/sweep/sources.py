@@ -3,7 +3,8 @@
 - the step frontier's points (:mod:`synth.sweep.frontier`);
 - the fastest NCCL-style baseline at each size (:mod:`synth.synthesis.baselines`);
 - an alpha-beta schedule synthesized at each size (:mod:`synth.synthesis.alphabeta`);
-- for an Allreduce where alphas bind, every rank's whole input gathered and summed (:mod:`synth.synthesis.gathered`).
+- for an Allreduce or Alltoall where alphas bind, every rank's whole input gathered, then summed or picked from
+  (:mod:`synth.synthesis.gathered`).
 
 A source that fails for one size (a :class:`~synth.errors.SynthError`, e.g. no baseline applies) is recorded in
 :attr:`AlgorithmPool.failures` and the others go on. Alpha-beta solves run through the same executor as the sweep.
@@ -22,7 +23,7 @@ from synth.sweep.frontier import SweepPoint
 from synth.sweep.sizes import ALPHA_BETA, BASELINE, GATHERED, STEPS, Algorithm, AlgorithmKind
 from synth.synthesis.alphabeta import synthesize_alpha_beta
 from synth.synthesis.baselines import best_baseline
-from synth.synthesis.gathered import gathered_allreduce
+from synth.synthesis.gathered import gathered_schedule
 from synth.units import format_size
 
 
@@ -78,10 +79,11 @@ def baseline_algorithms(collective: str, topology: Topology, sizes: Iterable[int
 
 
 def gathered_algorithms(collective: str, topology: Topology, sizes: Iterable[int]) -> list[Algorithm]:
-    """The gathered Allreduce at each size where it is offered (the latency bound binds), deduplicated."""
+    """The gathered Allreduce or Alltoall at each size where it is offered (the latency bound binds),
+    deduplicated."""
     out: dict = {}
     for size in sizes:
-        found = gathered_allreduce(topology, collective, size)
+        found = gathered_schedule(topology, collective, size)
         if found is None or found.schedule in out:
             continue
         key = f"gathered-{found.baseline.replace('/', '-')}"

@@ -294,16 +294,16 @@ GATHERED_LABEL = "gathered/"
 
 
 def gathered_candidates(request: SynthesisRequest, progress: Progress = _quiet) -> list[Candidate]:
-    """Allreduce as every rank's whole input gathered untouched and summed on each rank
-    (:mod:`synth.synthesis.gathered`), one per Allgather baseline, fastest replay first; none where that is not
-    offered. The simulator picks among them: ``synth solve`` writes the next only while its replay beats the
+    """An Allreduce or Alltoall as every rank's whole input gathered untouched, then summed or picked from on each
+    rank (:mod:`synth.synthesis.gathered`), one per Allgather baseline, fastest replay first; none where that is
+    not offered. The simulator picks among them: ``synth solve`` writes the next only while its replay beats the
     files written."""
-    from synth.synthesis.gathered import gathered_allreduces
+    from synth.synthesis.gathered import gathered_schedules
 
-    found = gathered_allreduces(request.topology, request.collective, request.size_bytes, request.search_deadline,
-                                request.bound)
+    found = gathered_schedules(request.topology, request.collective, request.size_bytes, request.search_deadline,
+                               request.bound)
     if found:
-        progress(f"  gathered allreduce over the allgather baseline {found[0].baseline}: "
+        progress(f"  gathered {request.collective} over the allgather baseline {found[0].baseline}: "
                  f"{found[0].report.time_us:.2f} us ({len(found)} baseline(s))")
     return [Candidate(GATHERED_LABEL + each.baseline,
                       SynthesisResult(each.schedule, Status.FEASIBLE, 0.0, None, 1, each.schedule.steps,

@@ -263,7 +263,7 @@ def solve(request: SynthesisRequest, xml: XmlRequest = XmlRequest(), progress: P
             raise VerificationError("no candidate could be written: " + "; ".join(broken + refusals))
         raise BackendError("no candidate fits the runtime's limits: " + "; ".join(refusals))
     chosen = min((w for w in written if eligible(w)),
-                 key=lambda w: w.simulated_us * (1 + GATHERED_TIE * w.candidate.result.schedule.gathered))
+                 key=lambda w: w.simulated_us * (1 + GATHERED_TIE * bool(w.candidate.result.schedule.gathered)))
     time_limited = time_limited or any(w.xml.variants_cut for w in written)   # a faster file may exist
     base = min((w for w in written if is_baseline(w.candidate)), key=lambda w: w.simulated_us,
                default=None)
