@@ -387,7 +387,7 @@ def _cannot_beat_written(candidate: Candidate, written: list[WrittenCandidate],
     floor = max(schedule_floor_us(schedule, request.topology, request.size_bytes),
                 chain_floor_us(schedule, request.topology, request.size_bytes))
     # with no baseline file yet, one that could tie is still written: the report then shows the tie
-    if floor < best.simulated_us or (not baselines and floor == best.simulated_us):
+    if floor < best.simulated_us or (not baselines and math.isclose(floor, best.simulated_us, rel_tol=1e-9)):
         return False
     progress(f"  {candidate.label} not written: its messages alone need {floor:.2f} us, and "
              f"{best.candidate.label} simulates at {best.simulated_us:.2f} us")
