@@ -9,6 +9,12 @@ nodes each rail still carries one shard each way, as much as reduce-scatter then
 carries ``K - 1`` (a rail exchange is all to all), so the simulator decides where that pays. 2 x dgx-h100
 Allreduce 64 KB: 0.6 + 2.0 + 0.6 us of alphas, where the composition takes 5.4 us and the best baseline 4.96 us.
 
+On two nodes joined by one-way rails that do not meet at the same GPUs (TE-CCL's DGX-2 pair: ``2k + 1 -> 16 + 2k``,
+``17 + 2k -> 2k``) each shard has a sender and a receiver per node (:func:`crossed_rails`): the sender copies its
+node's sum to the receiver while the sum crosses, so the receivers add what crossed to a copy that landed first,
+still four hops: dgx2-2node-tecc Allreduce 1 KB 3.32 us (the alpha diameter is 3.3), 64 KB 4.62 us where the
+alpha-beta search's file took 7.76 us.
+
 A rank's buffer is read by the owners it sends to before their sums come back (the direct-exchange baseline's
 convention, :mod:`synth.synthesis.baselines.all_pairs`): the replay proves each total holds every input once.
 
@@ -51,14 +57,36 @@ class ShardedExchange:
 
 
 def exchange_applies(topology: Topology, collective: str) -> bool:
-    """An Allreduce on several nodes whose rails link GPU ``i`` of every node to GPU ``i`` of every other."""
+    """An Allreduce on several nodes whose rails link GPU ``i`` of every node to GPU ``i`` of every other, or on
+    two nodes joined both ways by rails that need not meet at the same GPUs (:func:`crossed_rails`)."""
     if collective != "allreduce" or topology.num_nodes < 2:
         return False
     try:
         check_applicable(topology, collective)
     except InputError:
-        return False
+        return bool(crossed_rails(topology))
     return True
+
+
+def crossed_rails(topology: Topology) -> tuple[tuple[int, int, int, int], ...]:
+    """Two nodes joined by one-way rails, paired as ``(u, v, x, y)``: ``u -> v`` from node 0 to node 1 and
+    ``x -> y`` back, the ``i``-th of each by sending GPU; empty where another machine, or a rail has no partner.
+
+    TE-CCL's DGX-2 pair links odd GPU ``2k + 1`` to GPU ``16 + 2k`` and ``17 + 2k`` to ``2k``: no GPU sends and
+    receives on the same rail pair, so the owners of a shard in the two nodes are not one rail apart both ways.
+
+    >>> from synth.model.topology import load_topology
+    >>> crossed_rails(load_topology("dgx2-2node-tecc"))[:2]
+    ((1, 16, 17, 0), (3, 18, 19, 2))
+    """
+    g = topology.gpus_per_node
+    if topology.num_nodes != 2 or not isinstance(topology.links, tuple):
+        return ()
+    out = sorted((link.src, link.dst) for link in topology.links if link.src < g <= link.dst)
+    back = sorted((link.src, link.dst) for link in topology.links if link.dst < g <= link.src)
+    if not out or len(out) != len(back):
+        return ()
+    return tuple((u, v, x, y) for (u, v), (x, y) in zip(out, back))
 
 
 def waits_on_shared_nics(topology: Topology, size_bytes: float, pieces: int) -> bool:
@@ -80,7 +108,13 @@ def sharded_exchange(topology: Topology, size_bytes: float, pieces: int) -> Shar
     """The sharded exchange with ``pieces`` chunks per rank (the Allreduce's ``N * pieces`` chunks, chunk ``c``
     owned by local GPU ``c mod G``), replayed at ``size_bytes``; None where it does not apply, would exceed
     :data:`MAX_TRANSFERS`, or :func:`waits_on_shared_nics`."""
-    if not exchange_applies(topology, "allreduce") or waits_on_shared_nics(topology, size_bytes, pieces):
+    if not exchange_applies(topology, "allreduce"):
+        return None
+    try:
+        check_applicable(topology, "allreduce")
+    except InputError:
+        return _crossed_exchange(topology, size_bytes, pieces)
+    if waits_on_shared_nics(topology, size_bytes, pieces):
         return None
     g, k = topology.gpus_per_node, topology.num_nodes
     nodes = node_trees(topology)
@@ -107,3 +141,51 @@ def sharded_exchange(topology: Topology, size_bytes: float, pieces: int) -> Shar
                                                                "pieces": pieces}})
     return ShardedExchange(schedule, pieces, verify(schedule, topology, size_bytes))
 
+
+
+def _crossed_exchange(topology: Topology, size_bytes: float, pieces: int) -> ShardedExchange:
+    """The sharded exchange on two nodes joined by :func:`crossed_rails`: chunk ``c`` takes rail pair ``c mod R``,
+    ``(u, v, x, y)``. Node 0 sums it into ``u`` and node 1 into ``x`` (over the node's trees); ``u`` copies its sum
+    to ``y`` and ``x`` to ``v`` while each sends it over its rail, ``u -> v`` and ``x -> y``, to be added there;
+    ``v`` and ``y`` then hold the total and copy it through their nodes. Four hops, as the exchange over rails
+    that meet: the copies inside a node land before the sums that crossed the network."""
+    g = topology.gpus_per_node
+    pairs = crossed_rails(topology)
+    trees = node_trees(topology).edges
+    collective = make_collective("allreduce", topology.num_ranks, pieces)
+
+    def reduced(chunk: int, owner: int, last_step: int) -> list[Transfer]:
+        """Node ``owner // g``'s inputs summed into ``owner``, its last hop at ``last_step``."""
+        base, edges = owner - owner % g, trees[owner % g]
+        depth = {owner % g: 0}
+        for a, b in edges:
+            depth[b] = depth[a] + 1
+        return [Transfer(chunk, base + b, base + a, last_step - depth[b] + 1, REDUCE) for a, b in edges]
+
+    def spread(chunk: int, origin: int, first_step: int) -> list[Transfer]:
+        """``origin``'s value copied through its node, its first hop at ``first_step``."""
+        base, edges = origin - origin % g, trees[origin % g]
+        depth = {origin % g: 0}
+        for a, b in edges:
+            depth[b] = depth[a] + 1
+        return [Transfer(chunk, base + a, base + b, first_step + depth[a], COPY) for a, b in edges]
+
+    deepest = max(_depth(edges) for edges in trees)
+    transfers = []
+    for chunk in range(len(collective.chunks)):
+        u, v, x, y = pairs[chunk % len(pairs)]
+        transfers += reduced(chunk, u, deepest - 1) + reduced(chunk, x, deepest - 1)
+        transfers += [Transfer(chunk, a, b, deepest, COPY) for a, b in ((u, y), (x, v)) if a != b]
+        transfers += [Transfer(chunk, u, v, deepest + 1, REDUCE), Transfer(chunk, x, y, deepest + 1, REDUCE)]
+        transfers += spread(chunk, v, deepest + 2) + spread(chunk, y, deepest + 2)
+    schedule = Schedule(collective, topology.name, tuple(transfers), 1 + max(t.step for t in transfers),
+                        method="exchange", notes={"exchange": {"node_trees": "crossed rails", "pieces": pieces}})
+    return ShardedExchange(schedule, pieces, verify(schedule, topology, size_bytes))
+
+
+def _depth(edges) -> int:
+    """Hops from a tree's origin to its deepest GPU (``edges``: parents first)."""
+    depth: dict[int, int] = {}
+    for a, b in edges:
+        depth[b] = depth.get(a, 0) + 1
+    return max(depth.values(), default=0)
