@@ -19,7 +19,7 @@ from backends.msccl.writer import emit_verified_xml
 from synth.bounds.physical import lower_bound
 from synth.errors import BackendError, InputError
 from synth.model.topology import load_topology
-from synth.schedule.ir import Schedule, schedule_from_dict
+from synth.schedule.ir import schedule_from_dict
 from synth.schedule.replay import verify
 from synth.synthesis.baselines import build_baseline
 from synth.synthesis.request import SynthesisRequest
@@ -210,7 +210,9 @@ def test_pareto_offers_it_where_alphas_bind_and_chooses_it_at_1kb():
     assert choice.chosen == "gathered-shortest-path-c4"
 
 
-def test_synth_simulate_times_a_gathered_schedule_file_as_an_allreduce(tmp_path):
+@pytest.mark.parametrize("computes, chunk_bytes, busbw_factor", [("allreduce", KB, 1.75), ("alltoall", KB / 8, 7 / 8)])
+def test_synth_simulate_times_a_gathered_schedule_file_as_what_it_computes(tmp_path, computes, chunk_bytes,
+                                                                            busbw_factor):
     import json
 
     from click.testing import CliRunner
@@ -219,9 +221,10 @@ def test_synth_simulate_times_a_gathered_schedule_file_as_an_allreduce(tmp_path)
 
     _, schedule = _gathered("ring-8")
     path = tmp_path / "gathered.json"
-    path.write_text(schedule.to_json())
+    path.write_text(replace(schedule, gathered=computes).to_json())
     result = CliRunner().invoke(main, ["simulate", str(path), "--topology", "ring-8", "--size", "1KB", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
-    assert report["valid"] and report["programs"][0]["collective"] == "allreduce"
-    assert report["programs"][0]["busbw_GBps"] == pytest.approx(report["programs"][0]["algbw_GBps"] * 1.75)
+    program = report["programs"][0]
+    assert report["valid"] and program["collective"] == computes and program["chunk_bytes"] == chunk_bytes
+    assert program["busbw_GBps"] == pytest.approx(program["algbw_GBps"] * busbw_factor)

@@ -112,19 +112,3 @@ def test_ndv2x4_alltoall_1kb_is_written_within_ten_percent_of_the_alpha_diameter
     baseline = build_baseline("shortest-path", "alltoall", topo, 1)
     assert emit_verified_xml(baseline, topo, "executor", KB).simulated_us > bound.latency_us * 1.25
 
-
-def test_synth_simulate_times_a_gathered_schedule_file_as_an_alltoall(tmp_path):
-    import json
-
-    from click.testing import CliRunner
-
-    from synth.cli import main
-
-    _, schedule = _gathered("ring-8")
-    path = tmp_path / "gathered.json"
-    path.write_text(schedule.to_json())
-    result = CliRunner().invoke(main, ["simulate", str(path), "--topology", "ring-8", "--size", "1KB", "--json"])
-    assert result.exit_code == 0, result.output
-    program = json.loads(result.stdout)["programs"][0]
-    assert program["collective"] == "alltoall" and program["chunk_bytes"] == KB / 8     # 8 blocks of 1 chunk
-    assert program["busbw_GBps"] == pytest.approx(program["algbw_GBps"] * 7 / 8)
