@@ -30,7 +30,8 @@ KB = 1024
 
 
 def _gathered(topology_name: str, baseline: str = "shortest-path", chunks: int = 1) -> tuple:
-    topo = load_topology(topology_name)
+    name, _, nodes = topology_name.partition(":")
+    topo = load_topology(name, int(nodes or 1))
     return topo, replace(build_baseline(baseline, "allgather", topo, chunks), gathered=True)
 
 
@@ -98,6 +99,26 @@ def test_on_32_ranks_the_sum_is_a_chain_of_threadblocks_within_the_executors_64_
     assert max(len([tb for tb in g.tbs if tb.send == -1 == tb.recv]) for g in program.gpus) > 1
     assert execute_program(program).ok
     assert not check_text(render_msccl_xml(program), "<gathered>", "executor", sms=80).errors()
+
+
+def test_more_waits_than_a_threadblock_holds_end_a_link_on_a_self_copy_that_carries_the_last_wait():
+    # 4 x dgx-h100 on two channels: 125 threadblocks to wait on; a link may not end on a nop (its wait goes to the
+    # step after it), and an empty link had crashed `synth solve` with an IndexError
+    topo, schedule = _gathered("dgx-h100:4", "all-pairs", 4)
+    program = lower_to_msccl(schedule, topo, fuse=True, channels=2)
+    for gpu in program.gpus:
+        assert all(len(tb.steps) <= 64 for tb in gpu.tbs)
+        for tb in gpu.tbs:
+            assert tb.steps[-1].type != "nop"
+            for a, b in zip(tb.steps, tb.steps[1:]):
+                assert a.type != "nop" or b.depid >= 0      # a nop's wait is attached to a step with one
+    for gpu in program.gpus:        # on the scratch slot of the rank's own block, which nothing else touches
+        hole = gpu.s_chunks - (topo.num_ranks - gpu.id) * 4
+        selves = [st for tb in gpu.tbs for st in tb.steps if st.type == "cpy" and st.srcbuf == st.dstbuf]
+        assert [(st.srcbuf, st.srcoff, st.dstoff, st.cnt) for st in selves] == [("s", hole, hole, 1)]
+        assert selves[0].depid >= 0
+    assert execute_program(program).ok
+    assert not check_text(render_msccl_xml(program), "<gathered>", "executor", sms=132).errors()
 
 
 def test_ndv2x4_allreduce_1kb_gathered_is_written_within_ten_percent_of_the_alpha_diameter():

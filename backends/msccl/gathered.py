@@ -118,11 +118,9 @@ def _gathered(program: MscclProgram, computes: str, scale: int, name: str | None
                 steps.append(Step(st.s, st.type, sb, so, db, do, st.cnt * scale, st.depid, st.deps, st.hasdep))
             tbs.append(replace(tb, steps=tuple(steps), line=0))
         tbs = _published_last(tbs)
-        if computes == GATHERED_SUM:
-            tbs += _local_chain(tbs, _sums(gpu.id, n, per_rank, scratch[gpu.id]))
-        else:
-            tbs += _local_chain(tbs, _picks(gpu.id, n, per_rank, scratch[gpu.id]))
         buffer = per_rank * scale
+        local = (_sums if computes == GATHERED_SUM else _picks)(gpu.id, n, per_rank, scratch[gpu.id])
+        tbs += _local_chain(tbs, local, scratch[gpu.id] + gpu.id * buffer)
         gpus.append(Gpu(gpu.id, buffer, buffer, scratch[gpu.id] + n * buffer, tuple(tbs)))
     default = program.name.replace("allgather", f"{computes}_gathered", 1)
     return replace(program, name=safe_name(name or default), coll=computes, nchunksperloop=per_rank * scale,
@@ -139,14 +137,14 @@ def _published_last(tbs: list[Threadblock]) -> list[Threadblock]:
     return out
 
 
-# A local step of the chain: (type, srcbuf, srcoff, dstoff in the output, cnt)
-_Local = tuple[str, str, int, int, int]
+# A local step of the chain: (type, srcbuf, srcoff, dstbuf, dstoff, cnt)
+_Local = tuple[str, str, int, str, int, int]
 
 
 def _sums(rank: int, n: int, per_rank: int, first_scratch: int) -> list[_Local]:
     """An Allreduce's: copy the input to the output (a no-op in place), add the ``n - 1`` gathered inputs."""
-    return [("cpy", "i", 0, 0, per_rank)] + [("re", "s", first_scratch + peer * per_rank, 0, per_rank)
-                                            for peer in range(n) if peer != rank]
+    return [("cpy", "i", 0, "o", 0, per_rank)] + [("re", "s", first_scratch + peer * per_rank, "o", 0, per_rank)
+                                                 for peer in range(n) if peer != rank]
 
 
 def _picks(rank: int, n: int, per_pair: int, first_scratch: int) -> list[_Local]:
@@ -154,19 +152,23 @@ def _picks(rank: int, n: int, per_pair: int, first_scratch: int) -> list[_Local]
     sender's block of the output."""
     whole = n * per_pair        # one rank's input, as gathered
     return [("cpy", "i" if peer == rank else "s",
-             (0 if peer == rank else first_scratch + peer * whole) + rank * per_pair, peer * per_pair, per_pair)
+             (0 if peer == rank else first_scratch + peer * whole) + rank * per_pair, "o", peer * per_pair, per_pair)
             for peer in [rank] + [p for p in range(n) if p != rank]]
 
 
-def _local_chain(tbs: list[Threadblock], local: list[_Local]) -> list[Threadblock]:
+def _local_chain(tbs: list[Threadblock], local: list[_Local], unused: int) -> list[Threadblock]:
     """The local threadblocks: wait for every other's last step, then the ``local`` steps, one after another.
 
     One ``nop`` per threadblock waited on and one step per peer outgrow the executor's 64 steps per threadblock
-    on large machines (ndv2 x4: 45 waits and 32 local steps on a GPU), so the work is cut into a chain of
-    threadblocks of at most :data:`~backends.msccl.limits.MAX_STEPS_EXECUTOR` steps, each starting with a wait on
-    the last step of the one before: the local steps still run one after another into the one output."""
+    on large machines (ndv2 x4: 45 waits and 32 local steps on a GPU; 4 x dgx-h100: more than 64 threadblocks to
+    wait on), so the work is cut into a chain of threadblocks of at most
+    :data:`~backends.msccl.limits.MAX_STEPS_EXECUTOR` steps, each starting with a wait on the last step of the one
+    before: the local steps still run one after another into the one output. A wait that would end a link
+    becomes a copy of the scratch chunk ``unused`` onto itself, carrying the wait (a nop's wait is attached to the
+    step after it, and the next link waits on the last step): no step reads or writes that chunk (the rank's own
+    block of the gathered inputs is its input), so the copy races with nothing."""
     waits = [(tb.id, len(tb.steps) - 1) for tb in tbs if tb.steps]
-    work = [("nop", "i", 0, 0, 1, tb, last) for tb, last in waits[:-1]]
+    work = [("nop", "i", 0, "o", 0, 1, tb, last) for tb, last in waits[:-1]]
     depid, deps = waits[-1] if waits else (-1, -1)
     work.append(local[0] + (depid, deps))
     work += [step + (-1, -1) for step in local[1:]]
@@ -180,12 +182,11 @@ def _local_chain(tbs: list[Threadblock], local: list[_Local]) -> list[Threadbloc
             if work[0][-2] == -1:
                 work[0] = work[0][:-2] + (last.id, len(last.steps) - 1)
             else:
-                work.insert(0, ("nop", "i", 0, 0, 1, last.id, len(last.steps) - 1))
-        cut = MAX_STEPS_EXECUTOR
-        while cut < len(work) and work[cut - 1][0] == "nop":     # a link ends on a step, not on a wait
-            cut -= 1
-        take, work = work[:cut], work[cut:]
-        steps = tuple(Step(k, kind, buf, off, "o", dst, cnt, dep, dep_step, 0)
-                      for k, (kind, buf, off, dst, cnt, dep, dep_step) in enumerate(take))
+                work.insert(0, ("nop", "i", 0, "o", 0, 1, last.id, len(last.steps) - 1))
+        take, work = work[:MAX_STEPS_EXECUTOR], work[MAX_STEPS_EXECUTOR:]
+        if take[-1][0] == "nop":        # a link ends on a step, not on a wait
+            take[-1] = ("cpy", "s", unused, "s", unused, 1) + take[-1][-2:]
+        steps = tuple(Step(k, kind, sb, so, db, do, cnt, dep, dep_step, 0)
+                      for k, (kind, sb, so, db, do, cnt, dep, dep_step) in enumerate(take))
         chain.append(Threadblock(len(tbs) + len(chain), -1, -1, 0, steps))
     return chain
