@@ -69,10 +69,21 @@ class Model:
 
 
 @dataclass(frozen=True)
+class Stall:
+    """Stop a MIP whose gap is at most ``gap`` once its incumbent has not improved for ``seconds`` (HiGHS time):
+    for models whose objective only estimates the answer, where the last fraction of a percent is a tie-break
+    HiGHS may spend its whole limit proving."""
+
+    gap: float
+    seconds: float
+
+
+@dataclass(frozen=True)
 class SolverOptions:
     """HiGHS settings of one command.
 
-    ``time_limit_s`` bounds each solver call; ``deadline`` bounds the command, so a call gets at most the time
+    ``time_limit_s`` bounds each solver call; ``stall`` (:class:`Stall`) ends a settled MIP sooner; ``deadline``
+    bounds the command, so a call gets at most the time
     left (:mod:`synth.solver.deadline`). ``node_limit`` bounds a MIP's branch-and-bound nodes: a budget that, unlike
     the wall clock, gives the same answer however loaded the machine is. ``progress`` receives the MIP's incumbent,
     dual bound and gap every :data:`MIP_PROGRESS_INTERVAL_S` seconds of a long solve (None: silent); it must be
@@ -81,6 +92,7 @@ class SolverOptions:
 
     time_limit_s: float = 60.0
     mip_gap: float = 0.0
+    stall: Stall | None = None
     threads: int | None = None
     seed: int = 0
     verbose: bool = False
@@ -220,6 +232,8 @@ def solve_model(model: Model, options: SolverOptions = SolverOptions(),
         h.setSolution(sol)
     if options.progress is not None and np.any(model.integer):
         h.cbMipInterrupt += _MipProgress(options.progress)
+    if options.stall is not None and np.any(model.integer):
+        h.cbMipInterrupt += _StallStop(options.stall)
     run_status = _run_interruptibly(h)
     seconds = time.perf_counter() - t0
     model_status = h.getModelStatus()
@@ -281,6 +295,23 @@ class _MipProgress:
         self.next_s = out.running_time + self.interval_s
         self.progress(mip_progress_line(out.running_time, out.mip_primal_bound, out.mip_dual_bound, out.mip_gap,
                                         out.mip_node_count))
+
+
+class _StallStop:
+    """A HiGHS MIP callback that interrupts the solve when :class:`Stall` says it has settled."""
+
+    def __init__(self, stall: Stall):
+        self.stall = stall
+        self.best = math.inf
+        self.since_s = 0.0
+
+    def __call__(self, event) -> None:
+        out = event.data_out
+        if out.mip_primal_bound < self.best:
+            self.best, self.since_s = out.mip_primal_bound, out.running_time
+        elif (math.isfinite(self.best) and out.mip_gap <= self.stall.gap
+              and out.running_time - self.since_s >= self.stall.seconds):
+            event.interrupt()
 
 
 def mip_progress_line(seconds: float, incumbent: float, bound: float, gap: float, nodes: int) -> str:
