@@ -84,7 +84,8 @@ def test_one_way_rails_that_do_not_meet_are_paired_and_each_chunk_crosses_once_e
         moves = [t for t in schedule.transfers if t.chunk == chunk]
         crossing = {(t.src, t.dst, t.op) for t in moves if topo.node_of(t.src) != topo.node_of(t.dst)}
         assert crossing == {(u, v, "reduce"), (x, y, "reduce")}
-        copies_in = {(t.src, t.dst, t.op) for t in moves if t.dst in (v, y) and topo.node_of(t.src) == topo.node_of(t.dst)}
+        copies_in = {(t.src, t.dst, t.op) for t in moves
+                     if t.dst in (v, y) and topo.node_of(t.src) == topo.node_of(t.dst)}
         assert copies_in == {(x, v, "copy"), (u, y, "copy")}
     assert schedule.notes["exchange"]["node_trees"] == "crossed rails"
 
