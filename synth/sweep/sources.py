@@ -23,7 +23,7 @@ from synth.sweep.frontier import SweepPoint
 from synth.sweep.sizes import ALPHA_BETA, BASELINE, GATHERED, STEPS, Algorithm, AlgorithmKind
 from synth.synthesis.alphabeta import synthesize_alpha_beta
 from synth.synthesis.baselines import best_baseline
-from synth.synthesis.gathered import gathered_schedule
+from synth.synthesis.gathered import gathered_schedules
 from synth.units import format_size
 
 
@@ -79,17 +79,18 @@ def baseline_algorithms(collective: str, topology: Topology, sizes: Iterable[int
 
 
 def gathered_algorithms(collective: str, topology: Topology, sizes: Iterable[int]) -> list[Algorithm]:
-    """The gathered Allreduce or Alltoall at each size where it is offered (the latency bound binds),
-    deduplicated."""
+    """The gathered Allreduce or Alltoall over every Allgather baseline, at each size where it is offered (the
+    latency bound binds), deduplicated: the fastest replay is not always the fastest file, and the per-size choice
+    times them in replay order, so the slower ones cost only their replay."""
     out: dict = {}
     for size in sizes:
-        found = gathered_schedule(topology, collective, size)
-        if found is None or found.schedule in out:
-            continue
-        key = f"gathered-{found.baseline.replace('/', '-')}"
-        if any(a.key == key for a in out.values()):
-            key += f"-{format_size(size)}"       # same baseline, order tuned for another size
-        out[found.schedule] = Algorithm(key, GATHERED, f"gathered over {found.baseline}", found.schedule, size)
+        for found in gathered_schedules(topology, collective, size):
+            if found.schedule in out:
+                continue
+            key = f"gathered-{found.baseline.replace('/', '-')}"
+            if any(a.key == key for a in out.values()):
+                key += f"-{format_size(size)}"       # same baseline, order tuned for another size
+            out[found.schedule] = Algorithm(key, GATHERED, f"gathered over {found.baseline}", found.schedule, size)
     return list(out.values())
 
 
