@@ -251,3 +251,21 @@ def test_a_symmetric_packing_keeps_one_root_per_commodity():
     from synth.synthesis.trees import _pack
     phase = _pack(load_topology("dgx-a100"), "allgather", GB, None, 8, SolverOptions())
     assert len(phase.packing.commodities) == 1 and phase.roots == 8
+
+
+def test_a_broadcast_booked_at_the_bandwidth_bound_is_not_compared_with_relay_stars(monkeypatch):
+    """dgx2 Broadcast 1 GB: the chain is booked 0.74% above the bandwidth bound, and listing and booking the relay
+    stars took 1.1 s to lose (the 1 GB target is 5 s a plan); at 1 MB they are still compared, and win."""
+    import synth.synthesis.trees as trees
+
+    asked = []
+    real = trees.shallow_packing
+    monkeypatch.setattr(trees, "shallow_packing",
+                        lambda *a, relay_stars=True, **k: asked.append(relay_stars) or real(*a, relay_stars=relay_stars,
+                                                                                          **k))
+    dgx2 = load_topology("dgx2")
+    big = synthesize_trees(dgx2, "broadcast", 1 << 30, chunks=2048)
+    bound = bandwidth_bound_us("broadcast", dgx2, 1 << 30)[0]
+    assert verify(big.schedule, dgx2, 1 << 30).time_us <= bound * (1 + trees.RELAY_STARS_NOT_NEEDED)
+    synthesize_trees(dgx2, "broadcast", 1 << 20, chunks=16)
+    assert asked == [False, True]
