@@ -126,9 +126,7 @@ def sharded_exchange(topology: Topology, size_bytes: float, pieces: int) -> Shar
     for chunk in range(len(collective.chunks)):
         owner = chunk % g
         edges = trees[owner]                       # out-tree from the owner, parents first
-        depth = {owner: 0}
-        for u, v in edges:
-            depth[v] = depth[u] + 1
+        depth = _depths(edges, owner)
         deepest = max(depth.values())
         for node in range(k):
             base = node * g
@@ -140,7 +138,6 @@ def sharded_exchange(topology: Topology, size_bytes: float, pieces: int) -> Shar
                         method="exchange", notes={"exchange": {"node_trees": nodes.kind,
                                                                "pieces": pieces}})
     return ShardedExchange(schedule, pieces, verify(schedule, topology, size_bytes))
-
 
 
 def _crossed_exchange(topology: Topology, size_bytes: float, pieces: int) -> ShardedExchange:
@@ -157,20 +154,16 @@ def _crossed_exchange(topology: Topology, size_bytes: float, pieces: int) -> Sha
     def reduced(chunk: int, owner: int, last_step: int) -> list[Transfer]:
         """Node ``owner // g``'s inputs summed into ``owner``, its last hop at ``last_step``."""
         base, edges = owner - owner % g, trees[owner % g]
-        depth = {owner % g: 0}
-        for a, b in edges:
-            depth[b] = depth[a] + 1
+        depth = _depths(edges, owner % g)
         return [Transfer(chunk, base + b, base + a, last_step - depth[b] + 1, REDUCE) for a, b in edges]
 
     def spread(chunk: int, origin: int, first_step: int) -> list[Transfer]:
         """``origin``'s value copied through its node, its first hop at ``first_step``."""
         base, edges = origin - origin % g, trees[origin % g]
-        depth = {origin % g: 0}
-        for a, b in edges:
-            depth[b] = depth[a] + 1
+        depth = _depths(edges, origin % g)
         return [Transfer(chunk, base + a, base + b, first_step + depth[a], COPY) for a, b in edges]
 
-    deepest = max(_depth(edges) for edges in trees)
+    deepest = max(max(_depths(edges, origin).values()) for origin, edges in enumerate(trees))
     transfers = []
     for chunk in range(len(collective.chunks)):
         u, v, x, y = pairs[chunk % len(pairs)]
@@ -183,9 +176,9 @@ def _crossed_exchange(topology: Topology, size_bytes: float, pieces: int) -> Sha
     return ShardedExchange(schedule, pieces, verify(schedule, topology, size_bytes))
 
 
-def _depth(edges) -> int:
-    """Hops from a tree's origin to its deepest GPU (``edges``: parents first)."""
-    depth: dict[int, int] = {}
+def _depths(edges, origin: int) -> dict[int, int]:
+    """Hops from ``origin`` to each GPU of its tree (``edges``: parents first)."""
+    depth = {origin: 0}
     for a, b in edges:
-        depth[b] = depth.get(a, 0) + 1
-    return max(depth.values(), default=0)
+        depth[b] = depth[a] + 1
+    return depth
