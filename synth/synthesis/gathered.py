@@ -10,12 +10,12 @@ so it is offered only where the latency bound is the limit; ``synth solve`` and 
 from here.
 
 >>> from synth.model.topology import load_topology
->>> found = gathered_schedule(load_topology("ring-8"), "allreduce", 1024)
+>>> found = gathered_schedules(load_topology("ring-8"), "allreduce", 1024)[0]     # the fastest replay
 >>> found.schedule.gathered, found.baseline, round(found.report.time_us, 3)
 ('allreduce', 'shortest-path/c4', 2.872)
->>> gathered_schedule(load_topology("ring-8"), "allreduce", 1 << 30) is None    # bandwidth binds
-True
->>> gathered_schedule(load_topology("ring-8"), "alltoall", 1024).schedule.loop_chunks     # 8 blocks of 4 chunks
+>>> gathered_schedules(load_topology("ring-8"), "allreduce", 1 << 30)    # bandwidth binds
+[]
+>>> gathered_schedules(load_topology("ring-8"), "alltoall", 1024)[0].schedule.loop_chunks     # 8 blocks of 4
 32
 """
 
@@ -65,9 +65,3 @@ def gathered_schedules(topology: Topology, collective: str, size_bytes: float, d
     return [GatheredSchedule(schedule, f"{run.name}/c{run.chunks_per_way}", verify(schedule, topology, size_bytes))
             for schedule, run in runs]
 
-
-def gathered_schedule(topology: Topology, collective: str, size_bytes: float, deadline: Deadline = UNBOUNDED,
-                      bound: Bound | None = None) -> GatheredSchedule | None:
-    """The first of :func:`gathered_schedules` (the Allgather baseline that replays fastest), or None."""
-    found = gathered_schedules(topology, collective, size_bytes, deadline, bound)
-    return found[0] if found else None

@@ -423,7 +423,7 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
                 raise
             progress(f"  hierarchy: {exc}")
             errors.append(str(exc))
-    # the reversal and the gathered Allreduce take a second where the alpha-beta search may take minutes: built
+    # the reversal and the gathered schedules take a second where the alpha-beta search may take minutes: built
     # first, they are there to write when its time runs out (ndv2 x4 Allreduce 1 KB), listed after it for ties
     reversed_: list[Candidate] = []
     if flat and request.sketch is None:
