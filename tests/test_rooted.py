@@ -177,6 +177,19 @@ def test_two_node_broadcast_runs_as_planned(name, chunks, percent):
     assert abs(xml.simulated_us - plan.time_us) <= 0.03 * xml.simulated_us
 
 
+def test_a_large_two_node_reduce_takes_the_reversal_that_books_best_and_runs_as_planned():
+    # at 4 GB a chunk slot holds the far node's Latin square, which speeds the Broadcast, but its reversal was
+    # booked 23% behind the bound (256 chunks: 14097 us) and the file ran 18% faster than that plan (1024 chunks);
+    # the trees' reversal is booked at 95.4% of the limit and its file runs as planned
+    topo = load_topology("dgx-h100", nodes=2)
+    size = 4 * GIB
+    schedule = compose(topo, "reduce", 256, size)
+    plan = verify(schedule, topo, size)
+    xml = emit_verified_xml(schedule, topo, "executor", size, plan_us=plan.time_us)
+    assert plan.time_us <= lower_bound("reduce", topo, size, root=0).limit_us / 0.95
+    assert abs(xml.simulated_us - plan.time_us) <= 0.03 * xml.simulated_us
+
+
 def test_latin_squares_are_not_offered_with_more_chunks_than_the_gpus_threadblocks_hold():
     # 2 x dgx2 (80 SMs): a Latin square of 1024 chunks needs 90 threadblocks by the estimate (its file was refused
     # with 229); 2 x dgx-h100 (132 SMs) holds 1024

@@ -270,8 +270,8 @@ def latin_peers(routes: RootedRoutes) -> list[int] | None:
     return peers + [base + (root % g + j) % g for j in range(1, g) if base + (root % g + j) % g not in peers]
 
 
-def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int, chunk_bytes: float
-                ) -> list[TimedTree] | None:
+def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int, chunk_bytes: float,
+                far_squares: bool = True) -> list[TimedTree] | None:
     """Every chunk's tree with the root's node as a Latin square (None where it does not apply: a node that is
     not an NVSwitch, or an even number of peers).
 
@@ -283,7 +283,8 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int, chunk_byt
     the rail that can have it across first (earliest finish, counting the NIC's backlog; the root's own rail
     takes any chunk), at most its share of the chunks per rail (a rail's connections then hold the fewest
     messages). Ranks are times in chunk slots (one chunk through a switch port), so each sender's sequence
-    follows them. Beyond the root's node, the rail's entry spreads the chunk as :meth:`RootedRoutes.tree` does.
+    follows them. Beyond the root's node, the rail's entry spreads the chunk as :meth:`RootedRoutes.tree` does,
+    or, on two nodes whose chunk slots are long enough (and ``far_squares``), as a Latin square too.
 
     >>> from synth.model.topology import load_topology
     >>> topo = load_topology("dgx-h100", nodes=2)
@@ -310,15 +311,12 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int, chunk_byt
     if rest:
         ranked = peers[:len(peers) - len(rest)]
         orders.append([v for pair in itertools.zip_longest(ranked, rest) for v in pair if v is not None])
-    # the squares hold while a forward's latency, once per peer as the rails start, stays under half a slot (the
-    # NICs' phases drift by it: 2 x dgx-h100 Broadcast 1 GB with 1024 chunks planned 5.8% slower with squares)
-    slot_us = chunk_bytes / (switch_GBps * BYTES_PER_US_PER_GBPS)
-    steady = m * topology.link(root, peers[0]).alpha_us <= slot_us / 2
+    steady = far_squares and _squares_hold(topology, routes, peers, chunk_bytes)
     best = None
     for order in orders:
         node_trees, have = _latin_node(root, order, steps, chunks)
         crossing = _rails_by_pull(routes, have, nic_slots)
-        squares = _far_squares(routes, crossing, nic_slots) if k == 2 and steady else None
+        squares = _far_squares(routes, crossing, nic_slots) if steady else None
         key = (squares is None, _nic_waits(crossing, nic_slots))
         if best is None or key < best[0]:
             best = (key, node_trees, crossing, squares)
@@ -346,6 +344,15 @@ def latin_trees(topology: Topology, routes: RootedRoutes, chunks: int, chunk_byt
             rank += _expected_starts(spread, entry, arrival)
         trees.append(TimedTree(tuple(edges), tuple(rank)))
     return trees
+
+
+def _squares_hold(topology: Topology, routes: RootedRoutes, peers: list[int], chunk_bytes: float) -> bool:
+    """Whether the far node takes a Latin square too (:func:`latin_trees`): on two nodes, while a forward's
+    latency, once per peer as the rails start, stays under half a chunk slot (the NICs' phases drift by it:
+    2 x dgx-h100 Broadcast 1 GB with 1024 chunks planned 5.8% slower with squares)."""
+    link = topology.link(routes.root, peers[0])
+    slot_us = chunk_bytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+    return routes.k == 2 and len(peers) * link.alpha_us <= slot_us / 2
 
 
 def _expected_starts(spread: list[Edge], entry: int, arrival: float) -> list[float]:
@@ -559,12 +566,21 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
         return chained
     broadcast = _star_broadcast if design == STAR else _broadcast
     if name == "reduce":
-        forward = broadcast(reverse_topology(topology), chunks, size_bytes, root)
+        reversed_topology = reverse_topology(topology)
+        forwards = [broadcast(reversed_topology, chunks, size_bytes, root)]
+        routes = RootedRoutes(reversed_topology, root)
+        peers = latin_peers(routes)
+        if broadcast is _broadcast and peers is not None and _squares_hold(reversed_topology, routes, peers,
+                                                                          size_bytes / chunks):
+            # the far node's Latin squares (chunks of 4 MB on 2 x dgx-h100) speed the Broadcast, but their reversal
+            # was booked 23% slower than the trees' (4 GB: 13383 us planned, its file 11344 us; by the trees'
+            # 10871 us, 98.8% of the limit, and its file as planned)
+            forwards.append(_broadcast(reversed_topology, chunks, size_bytes, root, far_squares=False))
         # booked greedily, partial sums meet as they come: least slack first by the reversal's times (2 x dgx-h100
         # Reduce 1 GB, 512 chunks: 97.5% of the limit simulated, by the busiest resource first 90.2%), or the
         # busiest resource first (with 1024 chunks 98.7%, least slack first 86.7%), whichever plan is faster
         booked = [reverse_in_time(forward, topology, make_collective(name, topology.num_ranks, chunks, root),
-                                  size_bytes, "rooted", rule=rule) for rule in REDUCE_RULES]
+                                  size_bytes, "rooted", rule=rule) for forward in forwards for rule in REDUCE_RULES]
         return min(booked, key=lambda s: max((t.end_us for t in s.transfers), default=0.0))
     return broadcast(topology, chunks, size_bytes, root)
 
@@ -817,11 +833,12 @@ def _chain(topology: Topology, collective: str, chunks: int, size_bytes: float, 
     return _rail_last(booked, topology)
 
 
-def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
+def _broadcast(topology: Topology, chunks: int, size_bytes: float, root: int, far_squares: bool = True
+               ) -> Schedule:
     """Broadcast booked in sequence: every sender's sends through one port go chunk by chunk, and within a chunk
-    in its tree's order."""
+    in its tree's order (``far_squares``: see :func:`latin_trees`)."""
     routes = RootedRoutes(topology, root)
-    timed = latin_trees(topology, routes, chunks, size_bytes / chunks)
+    timed = latin_trees(topology, routes, chunks, size_bytes / chunks, far_squares)
     if timed is not None:
         trees = [t.edges for t in timed]
         rank = np.array([r for t in timed for r in t.rank])
