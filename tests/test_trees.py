@@ -253,9 +253,10 @@ def test_a_symmetric_packing_keeps_one_root_per_commodity():
     assert len(phase.packing.commodities) == 1 and phase.roots == 8
 
 
-def test_a_broadcast_booked_at_the_bandwidth_bound_is_not_compared_with_relay_stars(monkeypatch):
+def test_a_broadcast_booked_at_the_bandwidth_bound_on_a_switch_is_not_compared_with_relay_stars(monkeypatch):
     """dgx2 Broadcast 1 GB: the chain is booked 0.74% above the bandwidth bound, and listing and booking the relay
-    stars took 1.1 s to lose (the 1 GB target is 5 s a plan); at 1 MB they are still compared, and win."""
+    stars took 1.1 s to lose (the 1 GB target is 5 s a plan); at 1 MB they are still compared, and win, as on
+    all-pairs links without a switch at 1 GB (fully-connected-8: 99.17% of the limit with them, 98.83% without)."""
     import synth.synthesis.trees as trees
 
     asked = []
@@ -268,4 +269,7 @@ def test_a_broadcast_booked_at_the_bandwidth_bound_is_not_compared_with_relay_st
     bound = bandwidth_bound_us("broadcast", dgx2, 1 << 30)[0]
     assert verify(big.schedule, dgx2, 1 << 30).time_us <= bound * (1 + trees.RELAY_STARS_NOT_NEEDED)
     synthesize_trees(dgx2, "broadcast", 1 << 20, chunks=16)
-    assert asked == [False, True]
+    direct = load_topology("fully-connected-8")
+    near = synthesize_trees(direct, "broadcast", 1 << 30, chunks=2048)
+    assert asked == [False, True, True]
+    assert near.replay_us <= bandwidth_bound_us("broadcast", direct, 1 << 30)[0] * (1 + trees.RELAY_STARS_NOT_NEEDED)
