@@ -39,6 +39,9 @@ across and round its node) and are timed as the runtime relays them, as they com
 and simulated); with 2048 chunks, fused, they go round one ring of the root's node, each rail's sender sending
 across as the chunk passes (98.7%).
 
+**One NVSwitch node** (:func:`one_node_square`): Broadcast and Reduce as the root's Latin square alone, where the
+tree packing's chain fills over too many alphas (dgx-a100 1 MB: 5.62 us against the packing's 6.25 us).
+
 Scatter (Gather backwards, on the reversed machine) sends each chunk on a path: straight to the root node's GPUs,
 and to other nodes over the root's own NIC or handed to another rail's sender, in the proportion that makes the
 root's switch port and NIC finish together (:func:`own_rail_chunks`; that is Scatter's bound on 2 x dgx-h100).
@@ -112,6 +115,9 @@ CHAIN_FILL_SHARE = 0.05
 CHAIN_DESIGNS = ("chain", "chain/fused")
 # One chunk in the fewest alphas (:func:`star_tree`): the latency regime's design, tried beside the pipelines
 STAR = "star"
+# One NVSwitch node: the root's Latin square alone (:func:`one_node_square`), with these chunk counts
+SQUARE = "square"
+SQUARE_CHUNKS = (16, 32, 64)
 # How chains are booked (list_schedule's rules). Reduce: least slack first (dgx2-2node-tecc 1 GB, 1024 chunks:
 # 93.4% of the limit simulated, each port in the due order 88.6%; timed as fused, 95.4% against 88.3%). Broadcast: the root's hand-outs in the due
 # order, the relays as their chunks come (2 x dgx2 1 GB: 98.2% planned and simulated; booked greedily by least
@@ -136,6 +142,39 @@ class RootedCandidate:
         personal = "" if self.rule == "sequence" else f"/{self.rule}/o{self.own_scale:g}"
         design = "" if self.design == "trees" else f"{self.design}/"
         return f"{LABEL}{design}c{self.chunks}{personal}"
+
+
+def one_node_square(topology: Topology, collective: str, size_bytes: float, root: int = 0) -> list[int] | None:
+    """The root's peers in hand-out order where a Broadcast or Reduce on one NVSwitch node is worth composing as the
+    root's Latin square alone (:func:`latin_steps`; every GPU linked to every other, an odd number of peers), else
+    None.
+
+    The tree packing's optimum on a switch is a chain, which fills over ``n - 1`` hops of an alpha each, and its
+    relay stars hand a relay's chunk to the others one after another, through ingress ports that the other relays
+    ask for at the same time: dgx-a100 Broadcast 1 MB ran at 6.25 us (67% of the limit) either way. As a square
+    every peer receives one chunk per slot, and the pipeline fills over two hops: 5.62 us with 32 chunks, planned
+    and simulated (Reduce, its reversal, the same). Worth it while the chain's extra ``n - 3`` alphas cost more
+    than the square's drain, ``m - 1`` chunk slots with the most chunks of :data:`SQUARE_CHUNKS` (64 MB: a slot
+    takes 3.5 us there, and the chain is at the limit).
+
+    >>> from synth.model.topology import load_topology
+    >>> one_node_square(load_topology("dgx-a100"), "broadcast", 1 << 20)
+    [1, 2, 3, 4, 5, 6, 7]
+    >>> one_node_square(load_topology("dgx-a100"), "broadcast", 64 << 20), one_node_square(load_topology("dgx1"),
+    ...                                                                                       "reduce", 1 << 20)
+    (None, None)
+    """
+    name = normalize_name(collective)
+    n = topology.num_ranks
+    if name not in SEARCHED_ALONE or topology.num_nodes != 1 or not topology.switches or \
+            latin_steps(n - 1) is None or n < 4:
+        return None
+    if any(topology.link(u, v) is None for u in range(n) for v in range(n) if u != v):
+        return None
+    peers = [(root + k) % n for k in range(1, n)]
+    link = topology.link(root, peers[0])
+    slot_us = size_bytes / max(SQUARE_CHUNKS) / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+    return peers if (n - 3) * link.alpha_us > (n - 2) * slot_us else None
 
 
 def applies(topology: Topology, collective: str) -> bool:
@@ -552,7 +591,7 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
     True
     """
     name = normalize_name(collective)
-    if not applies(topology, name):
+    if design != SQUARE and not applies(topology, name):
         raise InputError("--method", "", f"the rooted composition covers {' and '.join(COLLECTIVES)} on several "
                          f"nodes joined by rails, not {name} on {topology.name}")
     root = root or 0
@@ -564,14 +603,13 @@ def compose(topology: Topology, collective: str, chunks: int, size_bytes: float,
             raise InputError("--method", "", f"rooted chains cover Broadcast and Reduce on two NVSwitch nodes, not "
                              f"{topology.name}")
         return chained
-    broadcast = _star_broadcast if design == STAR else _broadcast
+    broadcast = {STAR: _star_broadcast, SQUARE: _square_broadcast}.get(design, _broadcast)
     if name == "reduce":
         reversed_topology = reverse_topology(topology)
         forwards = [broadcast(reversed_topology, chunks, size_bytes, root)]
-        routes = RootedRoutes(reversed_topology, root)
-        peers = latin_peers(routes)
-        if broadcast is _broadcast and peers is not None and _squares_hold(reversed_topology, routes, peers,
-                                                                          size_bytes / chunks):
+        routes = RootedRoutes(reversed_topology, root) if broadcast is _broadcast else None
+        peers = latin_peers(routes) if routes is not None else None
+        if peers is not None and _squares_hold(reversed_topology, routes, peers, size_bytes / chunks):
             # the far node's Latin squares (chunks of 4 MB on 2 x dgx-h100) speed the Broadcast, but their reversal
             # was booked 23% slower than the trees' (4 GB: 13383 us planned, its file 11344 us; by the trees'
             # 10871 us, 98.8% of the limit, and its file as planned)
@@ -611,6 +649,21 @@ def _latency_regime(topology: Topology, tree: list[Edge], size_bytes: float) -> 
     alphas; at 64 KB 13 us, where pipelines win)."""
     busy_us = load_bound_us(tree, topology, size_bytes, latency=False)
     return busy_us <= sum(topology.link(*edge).alpha_us for edge in tree[:1] + [tree[-1]])
+
+
+def _square_broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
+    """Broadcast on one NVSwitch node as the root's Latin square (:func:`one_node_square`), every sender's sends
+    in the order of their slots."""
+    peers = one_node_square(topology, "broadcast", size_bytes, root)
+    if peers is None:
+        raise InputError("--method", "", f"the rooted Latin square covers Broadcast and Reduce on one NVSwitch node "
+                         f"with an odd number of peers, while the chain's alphas outweigh its drain; not "
+                         f"{topology.name} at {size_bytes:g} bytes")
+    node_trees, _ = _latin_node(root, peers, latin_steps(len(peers)), chunks)
+    return list_schedule(topology, make_collective("broadcast", topology.num_ranks, chunks, root),
+                         [tuple(topology.link_index[e] for e in edges) for edges, _ in node_trees], size_bytes,
+                         "rooted", rank=np.array([r for _, rank in node_trees for r in rank]), rule="sequence",
+                         channels=PLAN_CHANNELS, notes={"plan": f"{LABEL}{SQUARE}/c{chunks}"})
 
 
 def _star_broadcast(topology: Topology, chunks: int, size_bytes: float, root: int) -> Schedule:
@@ -1036,7 +1089,10 @@ def synthesize_rooted(topology: Topology, collective: str, size_bytes: float, ro
     dgx2 Gather 1 GB with 16 chunks replays at 75% of the limit by ``work`` with the balanced share on the root's
     rail, at 97% by ``tail`` with 3/4 of it)."""
     name = normalize_name(collective)
-    if name in PERSONALISED:
+    if topology.num_nodes == 1:
+        square = one_node_square(topology, name, size_bytes, root or 0) is not None
+        plans = [(c, "sequence", 1.0, SQUARE) for c in ((chunks,) if chunks else SQUARE_CHUNKS) if square]
+    elif name in PERSONALISED:
         # (a rail carries chunks for several ranks, one connection each: the FIFO bound is on the whole size)
         most = most_chunks(topology, RootedRoutes(topology, root or 0), size_bytes)
         counts = (chunks,) if chunks else tuple(sorted({min(c, most) for c in PERSONALISED_CHUNKS}))

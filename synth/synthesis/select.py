@@ -218,11 +218,15 @@ def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet)
 
 
 def rooted_applies(request: SynthesisRequest) -> bool:
-    """Whether the rooted composition (:mod:`synth.synthesis.rooted`) covers the request."""
-    if not _several_nodes(request):
+    """Whether the rooted composition (:mod:`synth.synthesis.rooted`) covers the request: across nodes, or on one
+    NVSwitch node as the root's Latin square (Broadcast and Reduce where a chain's alphas outweigh its drain)."""
+    if not _several_nodes(request) and request.collective not in ("broadcast", "reduce"):
         return False
     from synth.synthesis import rooted
 
+    if not _several_nodes(request):
+        return rooted.one_node_square(request.topology, request.collective, request.size_bytes,
+                                      request.root or 0) is not None
     return rooted.applies(request.topology, request.collective)
 
 
