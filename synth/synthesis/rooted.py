@@ -73,6 +73,7 @@ from synth.schedule.replay import ReplayReport, verify
 from synth.synthesis.baselines.hierarchical import hierarchical_routes
 from synth.synthesis.baselines.plans import Edge
 from synth.synthesis.hierarchy import NodeTrees, node_trees, rank_share_GBps
+from synth.units import format_size
 
 COLLECTIVES = ("broadcast", "reduce", "scatter", "gather")
 PERSONALISED = ("scatter", "gather")    # a path per chunk, on NVSwitch nodes
@@ -657,8 +658,8 @@ def _square_broadcast(topology: Topology, chunks: int, size_bytes: float, root: 
     peers = one_node_square(topology, "broadcast", size_bytes, root)
     if peers is None:
         raise InputError("--method", "", f"the rooted Latin square covers Broadcast and Reduce on one NVSwitch node "
-                         f"with an odd number of peers, while the chain's alphas outweigh its drain; not "
-                         f"{topology.name} at {size_bytes:g} bytes")
+                         f"with an odd number of peers, at sizes where a chain's alphas outweigh the square's drain; "
+                         f"not {topology.name} at {format_size(size_bytes)}")
     node_trees, _ = _latin_node(root, peers, latin_steps(len(peers)), chunks)
     return list_schedule(topology, make_collective("broadcast", topology.num_ranks, chunks, root),
                          [tuple(topology.link_index[e] for e in edges) for edges, _ in node_trees], size_bytes,
