@@ -260,8 +260,8 @@ def test_a_broadcast_booked_at_the_bandwidth_bound_on_a_switch_is_not_compared_w
     import synth.synthesis.trees as trees
 
     asked = []
-    real = trees.shallow_packing
-    monkeypatch.setattr(trees, "shallow_packing",
+    real = trees.shallow_packings
+    monkeypatch.setattr(trees, "shallow_packings",
                         lambda *a, relay_stars=True, **k: asked.append(relay_stars) or real(*a, relay_stars=relay_stars,
                                                                                           **k))
     dgx2 = load_topology("dgx2")

@@ -386,33 +386,71 @@ def shallow_packing(topology: Topology, commodity: Commodity, chunks: int, floor
     >>> sum(t.chunks for t in trees), round(packing.units, 6)   # both ways round the ring: 2 of 4 chunks per link
     (4, 0.08)
     """
+    found = shallow_packings(topology, commodity, chunks, floor_units, options, relay_stars)
+    return found[0] if found else None
+
+
+def shallow_packings(topology: Topology, commodity: Commodity, chunks: int, floor_units: float,
+                     options: SolverOptions = SolverOptions(), relay_stars: bool = True, unit_us: float = 0.0,
+                     hop_us: float = 0.0) -> list[tuple[Packing, tuple[Tree, ...]]]:
+    """:func:`shallow_packing`'s packing first (empty where it is None), then packings into shallower trees, below
+    the rate, whose estimated time ``units * unit_us + depth * hop_us`` is less than its own: ``unit_us`` is what a
+    unit of load costs (a chunk's bytes over 1 GB/s, microseconds), ``hop_us`` what a level of a tree adds to the
+    pipeline (a hop's alpha and a chunk's time).
+
+    Why: at small sizes a level costs more than the rate wins. dgx1 Broadcast 64 KB in 64 chunks: depth 4 (the
+    rate) ran at 3.33 us, depth 3 (20% more load) at 2.71 us, as planned. At 1 GB the load outweighs the levels,
+    and nothing shallower is packed.
+
+    >>> from synth.model.topology import load_topology
+    >>> dgx1, sinks = load_topology("dgx1"), Commodity(0, tuple(range(1, 8)))
+    >>> floor = 64 / 150      # 64 chunks through the root's six 25 GB/s links (units)
+    >>> [round(p.units, 3) for p, _ in shallow_packings(dgx1, sinks, 64, floor)]
+    [0.44]
+    >>> [round(p.units, 3) for p, _ in shallow_packings(dgx1, sinks, 64, floor, unit_us=1.024, hop_us=0.74)]
+    [0.44, 0.52, 1.28]
+    """
     if set(commodity.sinks) | {commodity.root} != set(range(topology.num_ranks)):
-        return None
+        return []
     listed = _arborescences(topology, commodity.root)
     stars = listed is None and relay_stars
     if stars:
         listed = _relay_stars(topology, commodity.root)
     if listed is None:
-        return None
+        return []
+    solved = []      # (depth, trees, loads, capacity, LP) up to the first depth that reaches the rate
     for depth in sorted({d for _, d in listed}):
         trees = [links for links, d in listed if d <= depth]
         load, capacity = tree_loads(topology, trees)
         lp = solve_model(_tree_model(load, capacity, chunks, integer=False), options)
-        if lp.x is None or lp.x[-1] > floor_units * (1 + 1e-7):
+        if lp.x is None:
+            continue
+        solved.append((depth, trees, load, capacity, lp))
+        if lp.x[-1] <= floor_units * (1 + 1e-7):
+            break
+    else:
+        return []
+    rate_depth = solved[-1][0]
+    own_us = solved[-1][4].x[-1] * unit_us + rate_depth * hop_us
+    found = []
+    for depth, trees, load, capacity, lp in reversed(solved):
+        if depth != rate_depth and lp.x[-1] * unit_us + depth * hop_us >= own_us:
             continue
         used = np.flatnonzero(lp.x[:-1] > 1e-9)
         milp = solve_model(_tree_model(load[:, used], capacity, chunks, integer=True), options)
         if milp.x is None or milp.status != OPTIMAL:
-            return None
+            if depth == rate_depth:
+                return []
+            continue
         counts = np.rint(milp.x[:-1]).astype(np.int64)
         chosen = tuple(Tree(trees[used[j]], int(c)) for j, c in enumerate(counts) if c > 0)
         link_counts = np.zeros((1, len(topology.links)), dtype=np.int64)
         for tree in chosen:
             link_counts[0, list(tree.links)] += tree.chunks
         units = float(np.max(load[:, used] @ counts / capacity))
-        return Packing((commodity,), ((tuple(range(topology.num_ranks)),),), chunks, units, link_counts, OPTIMAL,
-                       units / floor_units - 1, lp.seconds + milp.seconds, stars), chosen
-    return None
+        found.append((Packing((commodity,), ((tuple(range(topology.num_ranks)),),), chunks, units, link_counts,
+                              OPTIMAL, units / floor_units - 1, lp.seconds + milp.seconds, stars), chosen))
+    return found
 
 
 def tree_loads(topology: Topology, trees) -> tuple[np.ndarray, np.ndarray]:

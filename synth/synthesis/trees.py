@@ -35,7 +35,7 @@ from backends.msccl.limits import MAX_XML_ELEMENTS, xml_elements
 from synth.bounds.physical import bandwidth_bound_us, lower_bound
 from synth.errors import InputError
 from synth.formulations.trees import (REVERSAL_OF, Commodity, Packing, broadcast_commodities, decompose,
-                                      shallow_packing, solve_packing)
+                                      shallow_packings, solve_packing)
 from synth.model.collectives import make_collective, normalize_name
 from synth.model.symmetry import free_symmetry_group
 from synth.model.topology import Topology, check_connected, reverse_topology
@@ -469,8 +469,9 @@ def _pack(topology: Topology, name: str, size_bytes: float, root, chunks: int, o
 def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: int, options: SolverOptions
                ) -> _Phase:
     """The packing MILP's link loads, decomposed into trees; for a Broadcast whose spanning trees can be listed,
-    also its shallowest optimal trees (:func:`~synth.formulations.trees.shallow_packing`), and the phase whose
-    booking (as :func:`_schedule` books it) ends first. Neither wins everywhere: shallow trees take dgx1
+    also its shallowest optimal trees (:func:`~synth.formulations.trees.shallow_packing`) and, where a level costs
+    more than the rate wins, shallower ones (:func:`~synth.formulations.trees.shallow_packings`), and the phase
+    whose booking (as :func:`_schedule` books it) ends first. Neither wins everywhere: shallow trees take dgx1
     Broadcast 1 GB from 97.8% to 98.6% of the limit from GPU 0, while from GPU 3 or 5 the decomposition's
     trees are faster (98.0% and 98.3%, shallow 96.9% and 96.7%).
 
@@ -494,14 +495,19 @@ def _pack_once(topology: Topology, name: str, size_bytes: float, root, chunks: i
     phase = _booked(topology, coll, phase, size_bytes)
     # near the bandwidth bound on a switch the relay stars have little to win (dgx2 1 GB: they took 1.1 s to lose)
     near = bool(topology.switches) and _end_us(phase.booked) <= bound_us * (1 + RELAY_STARS_NOT_NEEDED)
-    shallow = shallow_packing(topology, commodities[0], chunks, fractional_units, options, relay_stars=not near)
-    # (booked even with a few more units: at 2048 chunks the shallow trees' 13.68 units against 13.66 end 9 us
-    # sooner, 99.2% of the limit)
-    if shallow is not None:
-        other = _booked(topology, coll, _phase(topology, name, coll, shallow[0], [shallow[1]], roots,
-                                               fractional_units, size_bytes), size_bytes,
-                        RUNTIME_FIFO_DEPTH if shallow[0].relay_stars else _COPY_BOOKING)
-        if _end_us(other.booked) <= _end_us(phase.booked):
+    chunk_bytes = coll.chunk_bytes(size_bytes)
+    hop_us = max(link.alpha_us + chunk_bytes / (link.capacity_GBps * BYTES_PER_US_PER_GBPS)
+                 for link in topology.links)
+    shallow = shallow_packings(topology, commodities[0], chunks, fractional_units, options, relay_stars=not near,
+                               unit_us=chunk_bytes / BYTES_PER_US_PER_GBPS, hop_us=hop_us)
+    # the shallowest trees at the rate, booked even with a few more units (at 2048 chunks the shallow trees' 13.68
+    # units against 13.66 end 9 us sooner, 99.2% of the limit); shallower ones only where they end sooner
+    for k, (packing, trees) in enumerate(shallow):
+        other = _booked(topology, coll, _phase(topology, name, coll, packing, [trees], roots, fractional_units,
+                                               size_bytes), size_bytes,
+                        RUNTIME_FIFO_DEPTH if packing.relay_stars else _COPY_BOOKING)
+        if _end_us(other.booked) < _end_us(phase.booked) or (k == 0 and _end_us(other.booked) == _end_us(
+                phase.booked)):
             phase = other
     return phase
 
