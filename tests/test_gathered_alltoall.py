@@ -22,6 +22,7 @@ from synth.schedule.replay import verify
 from synth.synthesis.baselines import build_baseline
 from synth.synthesis.request import SynthesisRequest
 from synth.synthesis.select import GATHERED_LABEL, gathered_candidates
+from support.instances import GATHERED_CASES
 
 KB = 1024
 
@@ -31,9 +32,7 @@ def _gathered(topology_name: str, baseline: str = "shortest-path", chunks: int =
     return topo, replace(build_baseline(baseline, "allgather", topo, chunks), gathered="alltoall")
 
 
-@pytest.mark.parametrize("topology_name, baseline, chunks", [
-    ("ring-4", "shortest-path", 1), ("ring-8", "shortest-path", 2), ("dgx1", "shortest-path", 1),
-    ("ring-8", "bidir-ring", 2), ("fully-connected-4", "ring", 4)])
+@pytest.mark.parametrize("topology_name, baseline, chunks", GATHERED_CASES)
 @pytest.mark.parametrize("fuse", [False, True])
 def test_the_program_is_an_alltoall_that_executes_and_lints_clean(topology_name, baseline, chunks, fuse):
     topo, schedule = _gathered(topology_name, baseline, chunks)

@@ -36,3 +36,8 @@ DGX1_EVERY_COLLECTIVE = [StepsInstance("allgather", 2, 3, 2), StepsInstance("red
                          StepsInstance("allreduce", 4, 6, 2), StepsInstance("alltoall", 2, 4, 1),
                          StepsInstance("broadcast", 2, 4, 2), StepsInstance("reduce", 2, 4, 2),
                          StepsInstance("gather", 2, 4, 1), StepsInstance("scatter", 2, 4, 1)]
+
+
+# Allgather baselines the gathered Allreduce and Alltoall are built on in their tests (topology, baseline, chunks)
+GATHERED_CASES = [("ring-4", "shortest-path", 1), ("ring-8", "shortest-path", 2), ("dgx1", "shortest-path", 1),
+                  ("ring-8", "bidir-ring", 2), ("fully-connected-4", "ring", 4)]
