@@ -118,6 +118,18 @@ def test_contradictory_method_options_are_rejected(args, message):
     assert r.exit_code == 1 and f"Error: {message}" in r.output
 
 
+def test_an_explicit_method_slower_than_the_runtime_says_so():
+    # ring-4 Allgather 1 KB: the trees' file simulates at 2.105 us, the runtime's shortest-path baseline at 1.413 us
+    r = run("solve", "allgather", "--topology", "ring-4", "--size", "1KB", "--method", "trees", "--json")
+    report = json.loads(r.stdout)
+    assert r.exit_code == 0 and report["method"].startswith("trees/")
+    assert report["baseline_us"] < report["predicted_time_us"] and report["speedup_vs_baseline"] < 1
+    assert "verified candidate(s) that --method trees allows)" in r.stderr
+    assert (f"note: --method trees is honoured, but the runtime's own baseline/{report['baseline']} simulates faster "
+            f"({report['baseline_us']:.3f} us against {report['predicted_time_us']:.3f} us); leave --method trees "
+            "out to let it compete") in r.stderr
+
+
 def test_auto_picks_the_fastest_verified_candidate():
     r = run("solve", "allgather", "--topology", "dgx1", "--json")
     report = json.loads(r.stdout)

@@ -110,7 +110,7 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
     # walk it, now (a full pass while importing) or later (see _set_up_frozen)
     with _collector_paused():
         from synth.model.topology import load_topology
-        from synth.solver.highs import SolverOptions
+        from synth.solver.highs import SolverOptions, Status
         from synth.synthesis.parallel import open_executor
         from synth.synthesis.request import SynthesisRequest
         from synth.synthesis.solve import WRITER_PRELOAD, XmlRequest, solve as solve_request, step_model_text
@@ -160,8 +160,17 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
         outputs.stage("--write-model", step_model_text(solution, Path(write_model).suffix))
     written = outputs.commit()
 
-    echo_err(f"chosen: {chosen.candidate.label} (fastest simulated of {len(solution.candidates)} verified "
-             "candidate(s))")
+    if solution.honoured_slower_than_baseline:
+        asked = f"--method {request.method}" if request.method != "auto" else "--steps/--rounds"
+        own = sum(c.result.status != Status.BASELINE for c in solution.candidates)
+        echo_err(f"chosen: {chosen.candidate.label} (fastest simulated of the {own} verified candidate(s) that "
+                 f"{asked} allows)")
+        echo_err(f"note: {asked} is honoured, but the runtime's own {solution.baseline.candidate.label} simulates "
+                 f"faster ({solution.baseline.simulated_us:.3f} us against {chosen.simulated_us:.3f} us); leave "
+                 f"{asked} out to let it compete")
+    else:
+        echo_err(f"chosen: {chosen.candidate.label} (fastest simulated of {len(solution.candidates)} verified "
+                 "candidate(s))")
     if solution.fell_back_to_baseline:
         echo_err("note: the runtime's own choice (a baseline) simulates faster than every synthesized plan, so it "
                  "is the one written")

@@ -103,6 +103,13 @@ class Solution:
         return self.chosen.candidate.result.status == Status.BASELINE and any(
             c.result.status != Status.BASELINE for c in self.candidates)
 
+    @property
+    def honoured_slower_than_baseline(self) -> bool:
+        """An explicit ``--method`` or ``--steps``/``--rounds`` was honoured, and its file simulates slower than
+        the runtime's own choice, which it could not fall back to."""
+        return (self.baseline is not None and self.chosen is not self.baseline
+                and self.baseline.simulated_us < self.chosen.simulated_us)
+
     def report(self) -> dict:
         """The ``--json`` report (keys documented in the README)."""
         result, replay = self.chosen.candidate.result, self.chosen.candidate.report
