@@ -84,7 +84,7 @@ def test_bad_options(args, code, message):
 def test_dgx1_bundle(tmp_path):
     out = tmp_path / "out"
     result = run(["pareto", "allgather", "--topology", "dgx1", "--workers", "1", "--sizes", "1KB:1GB",
-                  "--no-alpha-beta", "-o", str(out), "-q"])
+                  "--no-alpha-beta", "--no-solve", "-o", str(out), "-q"])
     assert result.exit_code == 0, result.output
     doc = check_bundle(out, 1 << 10, 1 << 30)
     assert [s["size_bytes"] for s in doc["sizes"]] == [1 << (10 + 2 * k) for k in range(11)]
@@ -93,23 +93,44 @@ def test_dgx1_bundle(tmp_path):
 
 
 def test_every_candidate_source_on_a_ring(tmp_path):
-    """Frontier points, baselines and alpha-beta schedules all compete (each source present in the repo)."""
+    """Frontier points, baselines, alpha-beta schedules and `synth solve`'s plans all compete (each source
+    present in the repo); the alpha-beta schedules come from the solves, once per size."""
     out = tmp_path / "out"
     result = run(["pareto", "allgather", "--topology", "ring-4", "--workers", "1", "--sizes", "1KB:16MB",
                   "-o", str(out), "-q"])
     assert result.exit_code == 0, result.output
     doc = check_bundle(out, 1 << 10, 1 << 24)
-    kinds = {a["kind"] for a in doc["algorithms"]}
-    assert kinds == {"steps", "baseline", "alphabeta"}
+    kinds = [a["kind"] for a in doc["algorithms"]]
+    assert set(kinds) == {"steps", "baseline", "alphabeta", "solved"}
+    assert kinds.count("alphabeta") <= len(doc["sizes"])
+    assert len({json.dumps(a["key"]) for a in doc["algorithms"]}) == len(kinds)
     assert all(s["limit_us"] and s["limit_us"] <= min(t["time_us"] for t in s["timings"]) * (1 + 1e-9)
                for s in doc["sizes"])
+
+
+def test_the_bundle_is_as_fast_as_synth_solve_at_its_sizes(tmp_path):
+    """dgx1 Scatter 64 MB: the step frontier and a size's alpha-beta schedule reach 93.2% of the limit, the tree
+    packing `synth solve` writes 99.9%; the bundle holds that file, at the time `synth solve` reports."""
+    out = tmp_path / "out"
+    result = run(["pareto", "scatter", "--topology", "dgx1", "--workers", "1", "--sizes", "64MB:64MB",
+                  "-o", str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    doc = check_bundle(out, 64 << 20, 64 << 20)
+    solved = run(["solve", "scatter", "--topology", "dgx1", "--size", "64MB", "--json"])
+    report = json.loads(solved.stdout)
+    (size,) = doc["sizes"]
+    chosen = next(t for t in size["timings"] if t["key"] == size["chosen"])
+    assert size["chosen"].startswith("solved-trees")
+    assert chosen["time_us"] == pytest.approx(report["predicted_time_us"], rel=1e-9)
+    assert size["limit_us"] / chosen["time_us"] >= 0.99
+    assert "trees/c" in result.stdout and "@64MB" in result.stdout
 
 
 def test_ndv2_two_nodes_bundle_quick(tmp_path):
     """The acceptance command, cut short (steps 2 only, C = 1, no alpha-beta) to stay fast."""
     out = tmp_path / "out"
     result = run(["pareto", "allgather", "--topology", "ndv2", "--nodes", "2", "--sizes", "1KB:1GB",
-                  "--max-steps", "3", "--max-chunks", "1", "--time-limit", "2", "--no-alpha-beta",
+                  "--max-steps", "3", "--max-chunks", "1", "--time-limit", "2", "--no-alpha-beta", "--no-solve",
                   "--workers", "1", "-o", str(out), "-q"])
     assert result.exit_code == 0, result.output
     check_bundle(out, 1 << 10, 1 << 30)

@@ -93,14 +93,13 @@ def _size_table(plan, algorithms) -> None:
         b = c.timing(c.best_baseline) if c.best_baseline else None
         chosen = labels.get(c.chosen, "NCCL (nothing runs)") if c.chosen else "NCCL (nothing runs)"
         speed = f"{b.time_us / t.time_us:7.2f}" if t and b else f"{'':7}"
-        base = labels.get(c.best_baseline, "-")[:28] + ("" if b is None or b.runnable else " *")
+        base = labels.get(c.best_baseline, "none runs here")[:30]
         pct = f"{100 * c.limit_us / t.time_us:6.1f}" if t and c.limit_us else f"{'':6}"
         click.echo(f"  {format_size(c.size_bytes):>7}  {chosen[:34]:34} {t.time_us if t else float('nan'):12.3f} "
                    f"{t.algbw_GBps if t else float('nan'):8.3f}  {base:30} "
                    f"{b.time_us if b else float('nan'):12.3f} {speed} {pct}")
-    if any(c.best_baseline and not c.timing(c.best_baseline).runnable for c in plan.choices):
-        click.echo("  * MSCCL cannot run this baseline at this size (element count not a multiple of its "
-                   "nchunksperloop), so it was not eligible")
+    click.echo("  (best baseline: the fastest the MSCCL runtime runs at that size, whose element count is a "
+               "multiple of its nchunksperloop)")
     click.echo("\nBundle (inclusive byte ranges)")
     for f in plan.files:
         click.echo(f"  msccl/{f.file_name}  {f.min_bytes}..{f.max_bytes}  {labels.get(f.key, f.key)}")
@@ -130,9 +129,13 @@ def _size_table(plan, algorithms) -> None:
               help="Include NCCL-style baselines (synth.synthesis.baselines) as candidates.")
 @click.option("--alpha-beta/--no-alpha-beta", default=True, show_default=True,
               help="Include an alpha-beta schedule synthesized at each size (synth.synthesis.alphabeta) as candidates.")
+@click.option("--solve/--no-solve", "use_solve", default=True, show_default=True,
+              help="Include the plan `synth solve` writes at each size (tree packing, compositions, alpha-beta, "
+                   "the runtime's own baselines: its fastest simulated file) as candidates; its search also gives "
+                   "the alpha-beta schedules.")
 @click.option("--method", type=click.Choice([Method.AUTO.value, Method.ROUTED.value, Method.TIMEXP.value]),
               default="auto", show_default=True,
-              help="Alpha-beta formulation.")
+              help="Alpha-beta formulation (with --solve, routed or timexp limits its search to that one).")
 @click.option("-o", "--output", type=click.Path(file_okay=False), default=None,
               help="Directory for frontier.json, frontier.png/.svg, README.txt and the msccl/ bundle.")
 @workers_options("the solves", "Local worker processes (default: one per CPU; 1 solves in this process).")
@@ -145,7 +148,7 @@ def _size_table(plan, algorithms) -> None:
 @_solver_options
 def pareto(collective, topology, nodes, fabric, oversubscription, sketch, root, max_steps, max_chunks, budget,
            no_symmetry, sizes, size_factor,
-           baselines, alpha_beta, method, output, workers, scheduler, target, proto, as_json, quiet, time_limit,
+           baselines, alpha_beta, use_solve, method, output, workers, scheduler, target, proto, as_json, quiet, time_limit,
            mip_gap, threads, seed):
     """Explore the latency/bandwidth frontier of COLLECTIVE and bundle the best algorithm per size range.
 
@@ -185,7 +188,7 @@ def pareto(collective, topology, nodes, fabric, oversubscription, sketch, root, 
     progress.note(f"synth pareto: {name} on {topo.name} ({topo.num_ranks} ranks); steps {spec.min_steps}.."
                   f"{spec.max_steps}, chunks <= {spec.max_chunks}, R/C >= {spec.rounds_per_chunk_lower:.4g}")
     request = SweepRequest(topo, spec, grid, options, baselines, alpha_beta, method, sketch, target, proto, budget,
-                           workers, scheduler, out_dir)
+                           workers, scheduler, out_dir, use_solve)
     try:
         outcome = run_sweep(request, progress)
     finally:

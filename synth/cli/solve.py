@@ -15,7 +15,6 @@ from synth.cli._progress import ProgressLog
 from synth.errors import InputError, NoSolutionError
 from synth.fileio import OutputPlan
 from synth.model.collectives import COLLECTIVES, normalize_name
-from synth.model.topology import MAX_RANKS
 from synth.solver.deadline import Deadline, DeadlinePassed, grace_s
 from synth.synthesis.method import METHODS
 from synth.units import format_size, parse_size

@@ -29,17 +29,19 @@ def available() -> bool:
 
 def _lines(choices: tuple[SizeChoice, ...], algorithms: list[Algorithm]) -> list[tuple[str, str, list]]:
     """(label, line style, [(size, Timing)]) per line: one per step frontier point, one for the alpha-beta
-    schedules (each at the size it was made for), one per gathered Allreduce, one for the fastest baseline at each
-    size."""
+    schedules and one for ``synth solve``'s plans (each at the size it was made for), one per gathered Allreduce,
+    one for the fastest baseline at each size."""
     lines = []
     for alg in algorithms:
         if alg.kind == AlgorithmKind.STEPS:
             lines.append((alg.label, "-", [(c.size_bytes, c.timing(alg.key)) for c in choices]))
         elif alg.kind == AlgorithmKind.GATHERED:
             lines.append((alg.label, ":", [(c.size_bytes, c.timing(alg.key)) for c in choices]))
-    tuned = {a.tuned_bytes: a.key for a in algorithms if a.kind == AlgorithmKind.ALPHA_BETA}
-    lines.append(("alpha-beta (synthesized per size)", "-.",
-                  [(c.size_bytes, c.timing(tuned[c.size_bytes])) for c in choices if c.size_bytes in tuned]))
+    for kind, label in ((AlgorithmKind.ALPHA_BETA, "alpha-beta (synthesized per size)"),
+                        (AlgorithmKind.SOLVED, "synth solve's plan (per size)")):
+        tuned = {a.tuned_bytes: a.key for a in algorithms if a.kind == kind}
+        lines.append((label, "-.", [(c.size_bytes, c.timing(tuned[c.size_bytes])) for c in choices
+                                    if c.size_bytes in tuned]))
     lines.append(("best baseline", "--", [(c.size_bytes, c.timing(c.best_baseline)) for c in choices
                                           if c.best_baseline]))
     # algorithms left out of the choice (e.g. excluded because they break a runtime limit) have no timing

@@ -38,8 +38,8 @@ class SweepEvents(Protocol):
 @dataclass(frozen=True)
 class SweepRequest:
     """A sweep: the frontier's spec, the sizes of the per-size choice (None: frontier only), which sources
-    compete, the bundle's runtime and protocol, where to solve (``workers`` / Dask ``scheduler``), and the
-    output directory (None: nothing written)."""
+    compete (``use_solve``: what ``synth solve`` writes at each size), the bundle's runtime and protocol, where to
+    solve (``workers`` / Dask ``scheduler``), and the output directory (None: nothing written)."""
 
     topology: Topology
     spec: SweepSpec
@@ -55,6 +55,7 @@ class SweepRequest:
     workers: int | None = None
     scheduler: str | None = None
     out_dir: Path | None = None
+    use_solve: bool = True
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,8 @@ def run_sweep(request: SweepRequest, events: SweepEvents) -> SweepOutcome:
             pool = collect_algorithms(frontier.frontier, spec.collective, topo, grid, spec.root,
                                       request.use_baselines, request.use_alpha_beta, request.method, request.sketch,
                                       request.options, executor,
-                                      on_done=lambda size: events.note(f"alpha-beta at {format_size(size)} done"))
+                                      on_done=lambda size: events.note(f"alpha-beta at {format_size(size)} done"),
+                                      use_solve=request.use_solve, target=request.target, note=events.note)
     if grid:
         if not pool.algorithms:
             raise NoSolutionError("no candidate algorithm at all (no frontier point, no baseline, no alpha-beta "

@@ -35,13 +35,13 @@ class AlgorithmKind(TextEnum):
 
     STEPS = "steps"
     ALPHA_BETA = "alphabeta"
+    SOLVED = "solved"          # the plan `synth solve` writes at one size (tree packing, compositions, ...)
     BASELINE = "baseline"
     GATHERED = "gathered"      # whole inputs gathered, then summed or picked from (synth.synthesis.gathered)
 
 
-
-STEPS, ALPHA_BETA, BASELINE, GATHERED = (AlgorithmKind.STEPS, AlgorithmKind.ALPHA_BETA, AlgorithmKind.BASELINE,
-                                         AlgorithmKind.GATHERED)
+STEPS, ALPHA_BETA, SOLVED, BASELINE, GATHERED = (AlgorithmKind.STEPS, AlgorithmKind.ALPHA_BETA, AlgorithmKind.SOLVED,
+                                                 AlgorithmKind.BASELINE, AlgorithmKind.GATHERED)
 _KIND_ORDER = {kind: i for i, kind in enumerate(AlgorithmKind)}
 DTYPE_BYTES = 4                                         # nccl-tests' default datatype (float)
 
@@ -83,8 +83,9 @@ class Timing:
 
 @dataclass(frozen=True)
 class SizeChoice:
-    """The verdict at one size: every timing, the winner (None: no candidate runs), the fastest baseline, and
-    the physical limit (us) when :mod:`synth.bounds.physical` could compute it."""
+    """The verdict at one size: every timing, the winner (None: no candidate runs), the fastest baseline the
+    runtime runs at this size (None: none does), and the physical limit (us) when :mod:`synth.bounds.physical`
+    could compute it."""
 
     size_bytes: int
     timings: tuple[Timing, ...]
@@ -159,8 +160,8 @@ def choose_per_size(algorithms: Iterable[Algorithm], topology: Topology, sizes: 
     runnable one per size (ties: steps, alpha-beta, then baselines, then key order).
 
     Per size, algorithms are timed in order of their replay, and one is left untimed (:attr:`Timing.timed`) when
-    its replay is no faster than the best timed runnable algorithm (it cannot win) and, for a baseline, than the
-    best timed baseline: the timer (a simulation) is never below the replay."""
+    its replay is no faster than the best timed runnable algorithm (it cannot win) and, for a runnable baseline,
+    than the best timed runnable baseline: the timer (a simulation) is never below the replay."""
     algorithms = sorted(algorithms, key=lambda a: (_KIND_ORDER[a.kind], a.key))
     sizes = list(sizes)
     for alg in algorithms:
@@ -174,18 +175,19 @@ def choose_per_size(algorithms: Iterable[Algorithm], topology: Topology, sizes: 
             alg = algorithms[k]
             can_run = runnable(alg, size, dtype_bytes)
             timed = time_us is replay_us or (can_run and plan[k] < best_run) or (
-                alg.kind == BASELINE and plan[k] < best_base)
+                alg.kind == BASELINE and can_run and plan[k] < best_base)
             t = (plan[k] if time_us is replay_us else time_us(alg, topology, size)) if timed else plan[k]
             if timed and can_run:
                 best_run = min(best_run, t)
-            if timed and alg.kind == BASELINE:
+            if timed and can_run and alg.kind == BASELINE:
                 best_base = min(best_base, t)
             algbw = size / (t * BYTES_PER_US_PER_GBPS) if t > 0 else float("inf")
             timings[k] = Timing(alg.key, t, algbw, algbw * alg.schedule.busbw_factor(), can_run, plan[k],
                                 timed)
         ok = [t for t in timings if t.runnable]
         chosen = min(ok, key=lambda t: t.time_us).key if ok else None
-        base = [t for t, a in zip(timings, algorithms) if a.kind == BASELINE]
+        # the comparison is with what the runtime would run at this size: a runnable baseline
+        base = [t for t, a in zip(timings, algorithms) if a.kind == BASELINE and t.runnable]
         best_base_key = min(base, key=lambda t: t.time_us).key if base else None
         choices.append(SizeChoice(size, tuple(timings), chosen, best_base_key, limit_us(size)))
     return tuple(choices)

@@ -1,8 +1,11 @@
 """Candidate algorithms for the per-size choice (:mod:`synth.sweep.sizes`), from every source.
 
 - the step frontier's points (:mod:`synth.sweep.frontier`);
-- the fastest NCCL-style baseline at each size (:mod:`synth.synthesis.baselines`);
-- an alpha-beta schedule synthesized at each size (:mod:`synth.synthesis.alphabeta`);
+- the fastest NCCL-style baseline at each size, and the fastest the runtime runs there
+  (:mod:`synth.synthesis.baselines`);
+- the plan ``synth solve`` writes at each size (:mod:`synth.synthesis.solve`: tree packing, the compositions, the
+  alpha-beta formulations), with that search's alpha-beta schedule;
+- or, without those solves, an alpha-beta schedule synthesized at each size (:mod:`synth.synthesis.alphabeta`);
 - for an Allreduce or Alltoall where alphas bind, every rank's whole input gathered, then summed or picked from
   (:mod:`synth.synthesis.gathered`).
 
@@ -13,16 +16,17 @@ A source that fails for one size (a :class:`~synth.errors.SynthError`, e.g. no b
 from __future__ import annotations
 
 import concurrent.futures as cf
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable
 
+from backends.msccl.ir import safe_name
 from synth.errors import SynthError
 from synth.model.topology import Topology
-from synth.solver.highs import SolverOptions
+from synth.solver.highs import SolverOptions, Status
 from synth.sweep.frontier import SweepPoint
-from synth.sweep.sizes import ALPHA_BETA, BASELINE, GATHERED, STEPS, Algorithm, AlgorithmKind
+from synth.sweep.sizes import ALPHA_BETA, BASELINE, GATHERED, SOLVED, STEPS, Algorithm, AlgorithmKind
 from synth.synthesis.alphabeta import synthesize_alpha_beta
-from synth.synthesis.baselines import best_baseline
+from synth.synthesis.baselines import evaluate_baselines
 from synth.synthesis.gathered import gathered_schedules
 from synth.units import format_size
 
@@ -59,23 +63,39 @@ def step_algorithms(frontier: Iterable[SweepPoint]) -> list[Algorithm]:
 
 def baseline_algorithms(collective: str, topology: Topology, sizes: Iterable[int], root: int | None,
                         failures: list[SourceFailure]) -> list[Algorithm]:
-    """The fastest baseline at each size, deduplicated."""
+    """The fastest baseline at each size and the fastest one the runtime runs at power-of-two sizes (the two
+    differ where, say, six rings make nchunksperloop 96), deduplicated."""
     out: dict = {}
     for size in sizes:
         try:
-            best = best_baseline(collective, topology, size, root)
+            table = evaluate_baselines(collective, topology, size, root)
+            best = table.best()
         except SynthError as exc:
             failures.append(SourceFailure(BASELINE, size, str(exc)))
             continue
-        name, schedule = best.name, best.schedule
-        if schedule in out:
-            continue
-        chunks = schedule.collective.chunks_per_rank
-        key = f"baseline-{name}-c{chunks}"
-        if any(a.key == key for a in out.values()):
-            key += f"-{format_size(size)}"       # same baseline, order tuned for another size
-        out[schedule] = Algorithm(key, BASELINE, f"baseline {name} (c{chunks})", schedule, size)
+        runs = [best] if best.runnable else [best] + _runnable(table)
+        for run in runs:
+            _add_baseline(out, run.name, run.schedule, size)
     return list(out.values())
+
+
+def _runnable(table) -> list:
+    """The fastest run of ``table`` that the runtime selects at power-of-two sizes, if any."""
+    try:
+        return [table.best(runnable_only=True)]
+    except SynthError:
+        return []
+
+
+def _add_baseline(out: dict, name: str, schedule, size: int) -> None:
+    """Add a baseline schedule made for ``size`` to ``out`` (schedule -> Algorithm) unless it is there."""
+    if schedule in out:
+        return
+    chunks = schedule.collective.chunks_per_rank
+    key = f"baseline-{name}-c{chunks}"
+    if any(a.key == key for a in out.values()):
+        key += f"-{format_size(size)}"       # same baseline, order tuned for another size
+    out[schedule] = Algorithm(key, BASELINE, f"baseline {name} (c{chunks})", schedule, size)
 
 
 def gathered_algorithms(collective: str, topology: Topology, sizes: Iterable[int]) -> list[Algorithm]:
@@ -133,6 +153,47 @@ def alpha_beta_algorithms(collective: str, topology: Topology, sizes: Iterable[i
     return out
 
 
+def solved_algorithms(collective: str, topology: Topology, sizes: Iterable[int], root: int | None, method: str,
+                      sketch: str | None, target: str, options: SolverOptions, failures: list[SourceFailure],
+                      use_alpha_beta: bool = True, use_baselines: bool = True,
+                      note: Callable[[str], None] = lambda text: None) -> list[Algorithm]:
+    """At each size, what ``synth solve`` weighs (:func:`synth.synthesis.solve.solve`: tree packing, the
+    compositions, the alpha-beta formulations, the runtime's own baselines, each written and simulated): the plan
+    it writes, its alpha-beta schedule (``use_alpha_beta``) and the fastest baseline the runtime runs there
+    (``use_baselines``), deduplicated. Without this the bundle missed what ``synth solve`` writes at the same
+    size (dgx1 Allgather 1 GB: 93.3% of the limit, where the tree packing reaches 99.5%). ``note`` hears each
+    size's search phases."""
+    from synth.synthesis.request import SynthesisRequest
+    from synth.synthesis.solve import solve
+
+    out: dict = {}
+    baselines: dict = {}
+    for size in sizes:
+        label = format_size(size)
+        request = SynthesisRequest(topology, collective, size, root, method, sketch, options=options,
+                                   include_baselines=use_baselines, target=target)
+        try:
+            solution = solve(request, progress=lambda text: note(f"{label}: {text.strip()}")
+                             if not text.startswith("    ") else None)
+        except SynthError as exc:
+            failures.append(SourceFailure(SOLVED, size, str(exc)))
+            continue
+        chosen = solution.chosen.candidate
+        alpha_beta = next((c for c in solution.candidates if c.label.startswith("alpha-beta")), None)
+        if use_alpha_beta and alpha_beta is not None and alpha_beta.result.schedule not in out:
+            out[alpha_beta.result.schedule] = Algorithm(
+                f"alphabeta-{label}", ALPHA_BETA, f"alpha-beta @{label} (c{alpha_beta.result.chunks})",
+                alpha_beta.result.schedule, size)
+        if chosen.result.status != Status.BASELINE and chosen.result.schedule not in out:
+            out[chosen.result.schedule] = Algorithm(f"solved-{safe_name(chosen.label)}-{label}", SOLVED,
+                                                    f"{chosen.label} @{label}", chosen.result.schedule, size)
+        if use_baselines and solution.baseline is not None:
+            schedule = solution.baseline.candidate.result.schedule
+            run = next(r for r in request.baselines.runs if r.schedule is schedule)
+            _add_baseline(baselines, run.name, schedule, size)
+    return list(out.values()) + list(baselines.values())
+
+
 def _capture(fn):
     try:
         return fn(), None
@@ -144,15 +205,37 @@ def collect_algorithms(frontier: Iterable[SweepPoint], collective: str, topology
                        root: int | None = None, use_baselines: bool = True, use_alpha_beta: bool = True,
                        method: str = "auto", sketch: str | None = None, options: SolverOptions = SolverOptions(),
                        executor: cf.Executor | None = None,
-                       on_done: Callable[[int], None] | None = None) -> AlgorithmPool:
-    """Every candidate algorithm for the per-size choice."""
+                       on_done: Callable[[int], None] | None = None, use_solve: bool = False,
+                       target: str = "executor", note: Callable[[str], None] = lambda text: None) -> AlgorithmPool:
+    """Every candidate algorithm for the per-size choice; ``use_solve``: also what ``synth solve`` writes at each
+    size (:func:`solved_algorithms`), whose search includes the alpha-beta schedule (not solved twice)."""
     sizes = list(sizes)
     failures: list[SourceFailure] = []
     algorithms = step_algorithms(frontier)
     if use_baselines:
         algorithms += baseline_algorithms(collective, topology, sizes, root, failures)
     algorithms += gathered_algorithms(collective, topology, sizes)
-    if use_alpha_beta:
+    if use_solve:
+        algorithms += solved_algorithms(collective, topology, sizes, root, method, sketch, target, options, failures,
+                                        use_alpha_beta, use_baselines, note)
+    elif use_alpha_beta:
         algorithms += alpha_beta_algorithms(collective, topology, sizes, root, method, sketch, options, failures,
                                             executor, on_done)
-    return AlgorithmPool(tuple(algorithms), tuple(failures))
+    return AlgorithmPool(_deduplicated(algorithms), tuple(failures))
+
+
+def _deduplicated(algorithms: list[Algorithm]) -> tuple[Algorithm, ...]:
+    """The first algorithm of each schedule (sources overlap: a baseline ``synth solve`` compared with, the
+    fastest baseline at that size), with unique keys."""
+    seen: set = set()
+    keys: set = set()
+    out = []
+    for alg in algorithms:
+        if alg.schedule in seen:
+            continue
+        seen.add(alg.schedule)
+        if alg.key in keys:
+            alg = replace(alg, key=f"{alg.key}-{format_size(alg.tuned_bytes or 0)}")
+        keys.add(alg.key)
+        out.append(alg)
+    return tuple(out)
