@@ -156,18 +156,20 @@ def alpha_beta_algorithms(collective: str, topology: Topology, sizes: Iterable[i
 def solved_algorithms(collective: str, topology: Topology, sizes: Iterable[int], root: int | None, method: str,
                       sketch: str | None, target: str, options: SolverOptions, failures: list[SourceFailure],
                       use_alpha_beta: bool = True, use_baselines: bool = True,
-                      note: Callable[[str], None] = lambda text: None) -> list[Algorithm]:
+                      note: Callable[[str], None] = lambda text: None) -> tuple[list[Algorithm], list[int]]:
     """At each size, what ``synth solve`` weighs (:func:`synth.synthesis.solve.solve`: tree packing, the
     compositions, the alpha-beta formulations, the runtime's own baselines, each written and simulated): the plan
     it writes, its alpha-beta schedule (``use_alpha_beta``) and the fastest baseline the runtime runs there
-    (``use_baselines``), deduplicated. Without this the bundle missed what ``synth solve`` writes at the same
-    size (dgx1 Allgather 1 GB: 93.3% of the limit, where the tree packing reaches 99.5%). ``note`` hears each
-    size's search phases."""
+    (``use_baselines``), deduplicated; and the sizes whose search made no alpha-beta schedule (at the limit
+    already, or flat searches left out at scale). Without this the bundle missed what ``synth solve`` writes at
+    the same size (dgx1 Allgather 1 GB: 93.3% of the limit, where the tree packing reaches 99.5%). ``note`` hears
+    each size's search phases."""
     from synth.synthesis.request import SynthesisRequest
     from synth.synthesis.solve import solve
 
     out: dict = {}
     baselines: dict = {}
+    without_alpha_beta = []
     for size in sizes:
         label = format_size(size)
         request = SynthesisRequest(topology, collective, size, root, method, sketch, options=options,
@@ -180,6 +182,8 @@ def solved_algorithms(collective: str, topology: Topology, sizes: Iterable[int],
             continue
         chosen = solution.chosen.candidate
         alpha_beta = next((c for c in solution.candidates if c.label.startswith("alpha-beta")), None)
+        if alpha_beta is None:
+            without_alpha_beta.append(size)
         if use_alpha_beta and alpha_beta is not None and alpha_beta.result.schedule not in out:
             out[alpha_beta.result.schedule] = Algorithm(
                 f"alphabeta-{label}", ALPHA_BETA, f"alpha-beta @{label} (c{alpha_beta.result.chunks})",
@@ -191,7 +195,7 @@ def solved_algorithms(collective: str, topology: Topology, sizes: Iterable[int],
             schedule = solution.baseline.candidate.result.schedule
             run = next(r for r in request.baselines.runs if r.schedule is schedule)
             _add_baseline(baselines, run.name, schedule, size)
-    return list(out.values()) + list(baselines.values())
+    return list(out.values()) + list(baselines.values()), without_alpha_beta
 
 
 def _capture(fn):
@@ -208,19 +212,24 @@ def collect_algorithms(frontier: Iterable[SweepPoint], collective: str, topology
                        on_done: Callable[[int], None] | None = None, use_solve: bool = False,
                        target: str = "executor", note: Callable[[str], None] = lambda text: None) -> AlgorithmPool:
     """Every candidate algorithm for the per-size choice; ``use_solve``: also what ``synth solve`` writes at each
-    size (:func:`solved_algorithms`), whose search includes the alpha-beta schedule (not solved twice)."""
+    size (:func:`solved_algorithms`), whose search gives the alpha-beta schedule (not solved twice) except where
+    it skipped it; there it is synthesized on its own, as without the solves: one made for a large size can win
+    at a smaller one (dgx1 ReduceScatter 1 MB: the schedule made for 256 MB, 93.4% of the limit, where the tree
+    packing skips the alpha-beta search)."""
     sizes = list(sizes)
     failures: list[SourceFailure] = []
     algorithms = step_algorithms(frontier)
     if use_baselines:
         algorithms += baseline_algorithms(collective, topology, sizes, root, failures)
     algorithms += gathered_algorithms(collective, topology, sizes)
+    alpha_beta_sizes = sizes
     if use_solve:
-        algorithms += solved_algorithms(collective, topology, sizes, root, method, sketch, target, options, failures,
-                                        use_alpha_beta, use_baselines, note)
-    elif use_alpha_beta:
-        algorithms += alpha_beta_algorithms(collective, topology, sizes, root, method, sketch, options, failures,
-                                            executor, on_done)
+        solved, alpha_beta_sizes = solved_algorithms(collective, topology, sizes, root, method, sketch, target,
+                                                     options, failures, use_alpha_beta, use_baselines, note)
+        algorithms += solved
+    if use_alpha_beta and alpha_beta_sizes:
+        algorithms += alpha_beta_algorithms(collective, topology, alpha_beta_sizes, root, method, sketch, options,
+                                            failures, executor, on_done)
     return AlgorithmPool(_deduplicated(algorithms), tuple(failures))
 
 
