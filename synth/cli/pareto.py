@@ -148,8 +148,8 @@ def _size_table(plan, algorithms) -> None:
 @_solver_options
 def pareto(collective, topology, nodes, fabric, oversubscription, sketch, root, max_steps, max_chunks, budget,
            no_symmetry, sizes, size_factor,
-           baselines, alpha_beta, use_solve, method, output, workers, scheduler, target, proto, as_json, quiet, time_limit,
-           mip_gap, threads, seed):
+           baselines, alpha_beta, use_solve, method, output, workers, scheduler, target, proto, as_json, quiet,
+           time_limit, mip_gap, threads, seed):
     """Explore the latency/bandwidth frontier of COLLECTIVE and bundle the best algorithm per size range.
 
     \b

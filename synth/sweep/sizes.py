@@ -157,7 +157,7 @@ def choose_per_size(algorithms: Iterable[Algorithm], topology: Topology, sizes: 
                     dtype_bytes: int = DTYPE_BYTES, time_us: Timer = replay_us) -> tuple[SizeChoice, ...]:
     """Verify every algorithm once (links, capacity, postcondition: :func:`synth.schedule.replay.verify`, which raises
     VerificationError), time it at every size with ``time_us`` (default: the replay), and pick the fastest
-    runnable one per size (ties: steps, alpha-beta, then baselines, then key order).
+    runnable one per size (ties: steps, alpha-beta, ``synth solve``'s plans, then baselines, then key order).
 
     Per size, algorithms are timed in order of their replay, and one is left untimed (:attr:`Timing.timed`) when
     its replay is no faster than the best timed runnable algorithm (it cannot win) and, for a runnable baseline,
