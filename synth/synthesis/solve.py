@@ -107,7 +107,8 @@ class Solution:
     def honoured_slower_than_baseline(self) -> bool:
         """An explicit ``--method`` or ``--steps``/``--rounds`` was honoured, and its file simulates slower than
         the runtime's own choice, which it could not fall back to."""
-        return (self.baseline is not None and self.chosen is not self.baseline
+        explicit = self.request.method != Method.AUTO or self.request.fixed_steps
+        return (explicit and self.baseline is not None and self.chosen is not self.baseline
                 and self.baseline.simulated_us < self.chosen.simulated_us)
 
     def report(self) -> dict:
