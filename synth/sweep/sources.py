@@ -26,7 +26,7 @@ from synth.solver.highs import SolverOptions, Status
 from synth.sweep.frontier import SweepPoint
 from synth.sweep.sizes import ALPHA_BETA, BASELINE, GATHERED, SOLVED, STEPS, Algorithm, AlgorithmKind
 from synth.synthesis.alphabeta import synthesize_alpha_beta
-from synth.synthesis.baselines import evaluate_baselines
+from synth.synthesis.baselines import BaselineTable, evaluate_baselines
 from synth.synthesis.gathered import gathered_schedules
 from synth.units import format_size
 
@@ -64,38 +64,29 @@ def step_algorithms(frontier: Iterable[SweepPoint]) -> list[Algorithm]:
 def baseline_algorithms(collective: str, topology: Topology, sizes: Iterable[int], root: int | None,
                         failures: list[SourceFailure]) -> list[Algorithm]:
     """The fastest baseline at each size and the fastest one the runtime runs at power-of-two sizes (the two
-    differ where, say, six rings make nchunksperloop 96), deduplicated."""
-    out: dict = {}
+    differ where, say, six rings make nchunksperloop 96); :func:`collect_algorithms` deduplicates."""
+    out: list[Algorithm] = []
     for size in sizes:
         try:
-            table = evaluate_baselines(collective, topology, size, root)
-            best = table.best()
+            out += _size_baselines(evaluate_baselines(collective, topology, size, root), size)
         except SynthError as exc:
             failures.append(SourceFailure(BASELINE, size, str(exc)))
-            continue
-        runs = [best] if best.runnable else [best] + _runnable(table)
-        for run in runs:
-            _add_baseline(out, run.name, run.schedule, size)
-    return list(out.values())
+    return out
 
 
-def _runnable(table) -> list:
-    """The fastest run of ``table`` that the runtime selects at power-of-two sizes, if any."""
-    try:
-        return [table.best(runnable_only=True)]
-    except SynthError:
-        return []
-
-
-def _add_baseline(out: dict, name: str, schedule, size: int) -> None:
-    """Add a baseline schedule made for ``size`` to ``out`` (schedule -> Algorithm) unless it is there."""
-    if schedule in out:
-        return
-    chunks = schedule.collective.chunks_per_rank
-    key = f"baseline-{name}-c{chunks}"
-    if any(a.key == key for a in out.values()):
-        key += f"-{format_size(size)}"       # same baseline, order tuned for another size
-    out[schedule] = Algorithm(key, BASELINE, f"baseline {name} (c{chunks})", schedule, size)
+def _size_baselines(table: BaselineTable, size: int, also=()) -> list[Algorithm]:
+    """The fastest run of one size's baseline table, when the runtime would not run that one the fastest it would,
+    and the runs whose schedules are in ``also``; raises SynthError when no baseline applies."""
+    runs = [table.best()]
+    if not runs[0].runnable:
+        try:
+            runs.append(table.best(runnable_only=True))
+        except SynthError:
+            pass
+    runs += [r for r in table.runs if any(r.schedule is schedule for schedule in also)]
+    return [Algorithm(f"baseline-{run.name}-c{run.schedule.collective.chunks_per_rank}", BASELINE,
+                      f"baseline {run.name} (c{run.schedule.collective.chunks_per_rank})", run.schedule, size)
+            for run in runs]
 
 
 def gathered_algorithms(collective: str, topology: Topology, sizes: Iterable[int]) -> list[Algorithm]:
@@ -159,16 +150,16 @@ def solved_algorithms(collective: str, topology: Topology, sizes: Iterable[int],
                       note: Callable[[str], None] = lambda text: None) -> tuple[list[Algorithm], list[int]]:
     """At each size, what ``synth solve`` weighs (:func:`synth.synthesis.solve.solve`: tree packing, the
     compositions, the alpha-beta formulations, the runtime's own baselines, each written and simulated): the plan
-    it writes, its alpha-beta schedule (``use_alpha_beta``) and the fastest baseline the runtime runs there
-    (``use_baselines``), deduplicated; and the sizes whose search made no alpha-beta schedule (at the limit
-    already, or flat searches left out at scale). Without this the bundle missed what ``synth solve`` writes at
-    the same size (dgx1 Allgather 1 GB: 93.3% of the limit, where the tree packing reaches 99.5%). ``note`` hears
-    each size's search phases."""
+    it writes, its alpha-beta schedule (``use_alpha_beta``) and, from the baseline table it built, the baselines
+    :func:`baseline_algorithms` takes (``use_baselines``), for :func:`collect_algorithms` to deduplicate; and the
+    sizes whose search made no alpha-beta schedule (at the limit already, or flat searches left out at scale).
+    Without this the bundle missed what ``synth solve`` writes at the same size (dgx1 Allgather 1 GB: 93.3% of the
+    limit, where the tree packing reaches 99.5%). ``note`` hears each size's search phases."""
     from synth.synthesis.request import SynthesisRequest
     from synth.synthesis.solve import solve
 
-    out: dict = {}
-    baselines: dict = {}
+    out: list[Algorithm] = []
+    baselines: list[Algorithm] = []
     without_alpha_beta = []
     for size in sizes:
         label = format_size(size)
@@ -179,23 +170,28 @@ def solved_algorithms(collective: str, topology: Topology, sizes: Iterable[int],
                              if not text.startswith("    ") else None)
         except SynthError as exc:
             failures.append(SourceFailure(SOLVED, size, str(exc)))
+            solution = None
+        if use_baselines:     # from the table the solve built, with the one whose file it found fastest
+            written = () if solution is None or solution.baseline is None else (
+                solution.baseline.candidate.result.schedule,)
+            try:
+                baselines += _size_baselines(request.baselines, size, written)
+            except SynthError as exc:
+                failures.append(SourceFailure(BASELINE, size, str(exc)))
+        if solution is None:
             continue
         chosen = solution.chosen.candidate
         alpha_beta = next((c for c in solution.candidates if c.label.startswith("alpha-beta")), None)
         if alpha_beta is None:
             without_alpha_beta.append(size)
-        if use_alpha_beta and alpha_beta is not None and alpha_beta.result.schedule not in out:
-            out[alpha_beta.result.schedule] = Algorithm(
-                f"alphabeta-{label}", ALPHA_BETA, f"alpha-beta @{label} (c{alpha_beta.result.chunks})",
-                alpha_beta.result.schedule, size)
-        if chosen.result.status != Status.BASELINE and chosen.result.schedule not in out:
-            out[chosen.result.schedule] = Algorithm(f"solved-{safe_name(chosen.label)}-{label}", SOLVED,
-                                                    f"{chosen.label} @{label}", chosen.result.schedule, size)
-        if use_baselines and solution.baseline is not None:
-            schedule = solution.baseline.candidate.result.schedule
-            run = next(r for r in request.baselines.runs if r.schedule is schedule)
-            _add_baseline(baselines, run.name, schedule, size)
-    return list(out.values()) + list(baselines.values()), without_alpha_beta
+        if use_alpha_beta and alpha_beta is not None:
+            out.append(Algorithm(f"alphabeta-{label}", ALPHA_BETA,
+                                 f"alpha-beta @{label} (c{alpha_beta.result.chunks})", alpha_beta.result.schedule,
+                                 size))
+        if chosen.result.status != Status.BASELINE:     # (an alpha-beta choice stays that kind: the first is kept)
+            out.append(Algorithm(f"solved-{safe_name(chosen.label)}-{label}", SOLVED, f"{chosen.label} @{label}",
+                                 chosen.result.schedule, size))
+    return out + baselines, without_alpha_beta
 
 
 def _capture(fn):
@@ -219,7 +215,7 @@ def collect_algorithms(frontier: Iterable[SweepPoint], collective: str, topology
     sizes = list(sizes)
     failures: list[SourceFailure] = []
     algorithms = step_algorithms(frontier)
-    if use_baselines:
+    if use_baselines and not use_solve:     # (the solves take them from the tables they build)
         algorithms += baseline_algorithms(collective, topology, sizes, root, failures)
     algorithms += gathered_algorithms(collective, topology, sizes)
     alpha_beta_sizes = sizes
@@ -234,8 +230,8 @@ def collect_algorithms(frontier: Iterable[SweepPoint], collective: str, topology
 
 
 def _deduplicated(algorithms: list[Algorithm]) -> tuple[Algorithm, ...]:
-    """The first algorithm of each schedule (sources overlap: a baseline ``synth solve`` compared with, the
-    fastest baseline at that size), with unique keys."""
+    """The first algorithm of each schedule (sources overlap: the same baseline is the fastest at several sizes),
+    with unique keys (a second one made for another size is named after it)."""
     seen: set = set()
     keys: set = set()
     out = []
