@@ -20,6 +20,7 @@ Usage::
     python benchmarks/bench_quality.py --quick               # single-node topologies at 1 GB
     python benchmarks/bench_quality.py --two-node            # the two-node targets at 1 GB (TE-CCL models too)
     python benchmarks/bench_quality.py --latency             # 1 KB: the alpha-diameter and direct bounds
+    python benchmarks/bench_quality.py --sketched            # each built-in sketch on the topology it is for
 
 ``binding`` says which bound is the limit: ``bandwidth``; ``latency`` (the direct bound, at least the alpha
 diameter); or ``crossing`` (several nodes: what must leave a node through its NIC ports, summed and fanned out as
@@ -53,15 +54,22 @@ TOPOLOGIES = [("dgx1", 1), ("dgx2", 1), ("dgx-a100", 1), ("dgx-h100", 1), ("ndv4
 SIZES = ["1KB", "64KB", "1MB", "64MB", "1GB"]
 SINGLE_NODE = ["dgx1", "dgx2", "dgx-a100", "dgx-h100", "ndv4"]
 TWO_NODE = [("ndv2", 2), ("dgx2", 2), ("dgx-h100", 2), ("ndv2-2node-tecc", 1), ("dgx2-2node-tecc", 1)]
+# Each built-in sketch (sketches/) on the topology its description names: the "also with a sketch" rows.
+SKETCHED = [("dgx-a100", 2, "dgx-a100-rail"), ("dgx-h100", 2, "dgx-h100-rail"), ("dgx2", 2, "dgx2-nic-rail"),
+            ("ndv2", 2, "ndv2-nic-relay"), ("ndv2-2node-tecc", 1, "ndv2-tecc-relay"),
+            ("dgx2-2node-tecc", 1, "dgx2-tecc-relay")]
 
 
-def measure(topology: str, nodes: int, collective: str, size: str, time_limit_s: float) -> dict:
+def measure(topology: str, nodes: int, collective: str, size: str, time_limit_s: float,
+            sketch: str | None = None) -> dict:
     topo = load_topology(topology, nodes)
     size_bytes = parse_size(size)
     row = {"topology": topo.name, "gpus": topo.num_ranks, "collective": collective, "size": size}
+    if sketch:
+        row["sketch"] = sketch
     t0, c0 = time.perf_counter(), time.process_time()
     try:
-        solution = solve(SynthesisRequest(topo, collective, size_bytes,
+        solution = solve(SynthesisRequest(topo, collective, size_bytes, sketch=sketch,
                                           options=SolverOptions(time_limit_s=time_limit_s)))
     except SynthError as exc:
         row.update(error=str(exc)[:120], wall_s=round(time.perf_counter() - t0, 2),
@@ -92,27 +100,34 @@ def main() -> None:
     preset.add_argument("--quick", action="store_true", help="single-node topologies at 1 GB only")
     preset.add_argument("--two-node", action="store_true", help="the two-node topologies (and *-tecc) at 1 GB")
     preset.add_argument("--latency", action="store_true", help="1 KB (the alpha-diameter target)")
+    preset.add_argument("--sketched", action="store_true",
+                        help="each built-in sketch on its topology (1 KB, 1 MB, 64 MB, 1 GB unless --sizes)")
     parser.add_argument("--time-limit", type=float, default=30.0, help="solver limit per MILP, seconds")
     parser.add_argument("--out", default="quality")
     args = parser.parse_args()
     if args.topologies:
-        topologies = [(t.split(":")[0], int(t.split(":")[1])) if ":" in t else (t, 1) for t in args.topologies]
+        topologies = [(t.split(":")[0], int(t.split(":")[1]), None) if ":" in t else (t, 1, None)
+                      for t in args.topologies]
+    elif args.sketched:
+        topologies = SKETCHED
     elif args.two_node:
-        topologies = TWO_NODE
+        topologies = [(t, k, None) for t, k in TWO_NODE]
     else:
-        topologies = [(t, 1) for t in SINGLE_NODE] if args.quick else TOPOLOGIES
+        topologies = [(t, k, None) for t, k in ([(t, 1) for t in SINGLE_NODE] if args.quick else TOPOLOGIES)]
     sizes = ["1GB"] if args.quick or args.two_node else ["1KB"] if args.latency else args.sizes
+    if args.sketched and args.sizes == SIZES:
+        sizes = ["1KB", "1MB", "64MB", "1GB"]
     rows = []
-    for topology, nodes in topologies:
+    for topology, nodes, sketch in topologies:
         for collective in args.collectives:
             for size in sizes:
-                row = measure(topology, nodes, collective, size, args.time_limit)
+                row = measure(topology, nodes, collective, size, args.time_limit, sketch)
                 rows.append(row)
-                print(f"{row['topology']:>18} {collective:>13} {format_size(parse_size(size)):>6}: "
+                print(f"{row['topology']:>18} {sketch or '':>15} {collective:>13} {format_size(parse_size(size)):>6}: "
                       f"{row.get('pct_limit', row.get('error'))}% of limit, x{row.get('ratio')} vs baseline, "
                       f"{row['wall_s']} s ({row['cpu_s']} s CPU)", file=sys.stderr, flush=True)
                 path = write_json(args.out, rows)
-    print_table(rows, ["topology", "gpus", "collective", "size", "method", "sim_us", "plan_us", "plan_vs_sim_pct",
+    print_table(rows, ["topology", "gpus", *(["sketch"] if args.sketched else []), "collective", "size", "method", "sim_us", "plan_us", "plan_vs_sim_pct",
                        "pct_limit", "pct_alpha", "binding", "baseline", "base_us", "ratio", "wall_s", "cpu_s"])
     print(f"wrote {path}")
 
