@@ -109,6 +109,39 @@ def test_sketch_guided_routed_solve_on_two_nodes(tmp_path):
     assert out.read_text().startswith("<algo ")
 
 
+def test_a_sketch_admits_every_source_whose_plan_keeps_to_it(tmp_path):
+    # a rail sketch (GPU i talks to GPU i of the other node) admits the rooted composition over the rails: at
+    # 1 GB it is at the limit, where the sketch-guided search alone reached 24% of it
+    out = tmp_path / "bc.xml"
+    r = run("solve", "broadcast", "--topology", "dgx-a100", "--nodes", "2", "--size", "1GB",
+            "--sketch", "dgx-a100-rail", "-o", str(out), "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["method"].startswith("rooted/") and report["keeps_to_sketch"] is True
+    assert report["percent_of_limit"] > 98 and report["speedup_vs_baseline"] > 1
+    assert "the sketch-guided search skipped" in r.stderr
+
+
+def test_plans_that_break_the_sketch_are_left_out(tmp_path):
+    # ndv2-nic-relay: only GPU 1 of a node sends to another node (to its GPU 0); the rooted composition sends
+    # from the root's GPU 0 and must not compete
+    from synth.model.topology import load_topology
+    from synth.schedule.ir import load_schedule
+
+    out, sched = tmp_path / "bc.xml", tmp_path / "bc.json"
+    r = run("solve", "broadcast", "--topology", "ndv2", "--nodes", "2", "--size", "64MB", "--sketch",
+            "ndv2-nic-relay", "-o", str(out), "--schedule-out", str(sched), "--json")
+    assert r.exit_code == 0, r.output
+    assert ("rooted/c256 does not keep to the sketch (it sends 0 -> 8, a link the sketch ndv2-nic-relay does "
+            "not allow): left out") in r.stderr
+    report = json.loads(r.stdout)
+    assert report["keeps_to_sketch"] is True and not report["method"].startswith("rooted/")
+    topo = load_topology("ndv2", 2)
+    crossings = {(t.src % 8, t.dst % 8) for t in load_schedule(sched).transfers
+                 if topo.node_of(t.src) != topo.node_of(t.dst)}
+    assert crossings == {(1, 0)}
+
+
 @pytest.mark.parametrize("args,message", [
     (["--method", "routed", "--steps", "2", "--rounds", "3"], "--steps: --steps/--rounds belong to the step"),
     (["--method", "steps", "--sketch", "ndv2-tecc-relay"], "--sketch: sketches guide the alpha-beta"),

@@ -173,6 +173,8 @@ def solve(collective, topology, nodes, fabric, oversubscription, size, method, s
     if solution.fell_back_to_baseline:
         echo_err("note: the runtime's own choice (a baseline) simulates faster than every synthesized plan, so it "
                  "is the one written")
+    if solution.sketch_broken:
+        echo_err(f"note: the baseline written does not keep to the sketch ({solution.sketch_broken})")
     if solution.time_limited:
         echo_err(f"status time-limit: the {time_limit:g} s limit cut the search; the best verified plan found by "
                  f"then is the one written ({deadline.elapsed_s():.1f} s in all; raise --time-limit to search longer)")

@@ -55,6 +55,7 @@ class SynthesisRequest:
     target: str = "executor"
     deadline: Deadline = UNBOUNDED
     _baseline_tables: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    sketch_refusals: list = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(self, "collective", normalize_name(self.collective))
@@ -101,6 +102,14 @@ class SynthesisRequest:
     def bound(self) -> Bound:
         """The physical limit at the request's size (computed once)."""
         return lower_bound(self.collective, self.topology, self.size_bytes, root=self.root)
+
+    @cached_property
+    def sketch_rules(self):
+        """The request's sketch (:class:`~synth.model.sketch.Sketch`) resolved against its topology, read once;
+        None without one. Every candidate must keep to it (:mod:`synth.synthesis.sketched`)."""
+        from synth.model.sketch import load_sketch
+
+        return None if self.sketch is None else load_sketch(self.sketch, self.topology)
 
     @cached_property
     def rounds_per_chunk(self) -> float:

@@ -202,9 +202,6 @@ def hierarchy_candidates(request: SynthesisRequest, progress: Progress = _quiet)
     from synth.synthesis import rooted
     from synth.synthesis.hierarchy import synthesize_hierarchy
 
-    if request.sketch is not None:
-        raise InputError("--sketch", "", "sketches guide the alpha-beta formulations; use --method "
-                         "auto|routed|timexp")
     if rooted.applies(request.topology, request.collective) and request.collective in rooted.SEARCHED_ALONE:
         return rooted_candidates(request, progress)
     found = []
@@ -347,16 +344,38 @@ def baseline_candidate(request: SynthesisRequest, progress: Progress = _quiet) -
     return Candidate(f"baseline/{run.name}", result, run.report)
 
 
+def keeping_to_sketch(request: SynthesisRequest, found: list[Candidate], progress: Progress = _quiet
+                      ) -> list[Candidate]:
+    """``found`` less the candidates that break the request's sketch (each said in ``progress`` and kept in
+    ``request.sketch_refusals`` for the error when none is left); all of them without a sketch
+    (:mod:`synth.synthesis.sketched`)."""
+    sketch = request.sketch_rules
+    if sketch is None:
+        return found
+    from synth.synthesis.sketched import sketch_violation
+
+    kept = []
+    for candidate in found:
+        why = sketch_violation(sketch, request.topology, candidate.result.schedule)
+        if why is None:
+            kept.append(candidate)
+        else:
+            progress(f"  {candidate.label} does not keep to the sketch ({why}): left out")
+            request.sketch_refusals.append(f"{candidate.label} does not keep to the sketch: {why}")
+    return kept
+
+
 def timed_phase(name: str, run: Callable[[], list[Candidate]], request: SynthesisRequest,
                 progress: Progress = _quiet) -> list[Candidate]:
     """One source of candidates under the request's search deadline: skipped when the time is already up, and
-    when the deadline cuts it before it found anything, the other sources' candidates still count."""
+    when the deadline cuts it before it found anything, the other sources' candidates still count. Under a
+    sketch only the candidates that keep to it count (:func:`keeping_to_sketch`)."""
     deadline = request.search_deadline
     if deadline.expired:
         progress(f"  {name}: skipped (time limit reached)")
         return []
     try:
-        return run()
+        return keeping_to_sketch(request, run(), progress)
     except (NoSolutionError, InfeasibleError) as exc:
         if not deadline.expired:
             raise
@@ -378,20 +397,21 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
     method, topology = request.method, request.topology
     found: list[Candidate] = []
     errors = []
+    # a sketch is a rule every candidate keeps to (timed_phase drops the others), not a choice of source; but the
+    # sketch-guided alpha-beta search is what it asks for, so that one always runs and nothing is refused early
+    sketched = guided = request.sketch is not None
     use_steps = method == Method.STEPS or request.fixed_steps or (
-        method == Method.AUTO and request.sketch is None and topology.num_nodes == 1
-        and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
-    hierarchy = method == Method.HIERARCHY or (request.open_choice and request.sketch is None
-                                               and hierarchy_applies(request))
+        method == Method.AUTO and topology.num_nodes == 1 and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
+    hierarchy = method == Method.HIERARCHY or (request.open_choice and hierarchy_applies(request))
     flat = request.open_choice and not (hierarchy and topology.num_ranks > FLAT_SEARCH_MAX_RANKS)
-    if hierarchy and not flat:     # the composition is all there is: its refusals come before the bound's seconds
+    if hierarchy and not flat and not sketched:     # the composition is all there is: its refusals come first
         from synth.synthesis.hierarchy import COLLECTIVES as COMPOSED, composable_plans
         if request.collective in COMPOSED:      # (Broadcast and Reduce go to the rooted composition)
             composable_plans(topology, request.collective, request.size_bytes, request.target, request.chunks)
     # Scatter and Gather across nodes composed first (2 x dgx2 Gather 1 GB: 97% of the limit in seconds, the
     # alpha-beta search 70% in two minutes); at the limit, the searches below are skipped
     composed: list[Candidate] = []
-    if request.open_choice and request.sketch is None and not hierarchy and rooted_applies(request):
+    if request.open_choice and not hierarchy and rooted_applies(request):
         composed = timed_phase("rooted composition", lambda: rooted_candidates(request, progress), request,
                                progress)
     # tree packing first: when it is already at the limit, the slower searches have nothing left to win (its
@@ -399,19 +419,19 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
     trees: list[Candidate] = []
     if _at_the_limit(request, composed):
         progress(f"  the rooted composition is within {TREES_AT_LIMIT:.0%} of the limit: other searches skipped")
-        use_steps = hierarchy = flat = False
-    if method == Method.TREES or (flat and request.sketch is None and request.collective != "alltoall"):
+        use_steps = hierarchy = flat = guided = False
+    if method == Method.TREES or (flat and request.collective != "alltoall"):
         trees = timed_phase("tree packing", lambda: tree_candidates(request, progress, tree_fallbacks), request,
                             progress)
     # Alltoall's path flows likewise (dgx2 1 GB: at the limit in 0.5 s, the alpha-beta MILP took 3.5 s to tie)
     paths: list[Candidate] = []
-    if flat and request.sketch is None and request.collective == "alltoall":
+    if flat and request.collective == "alltoall":
         from synth.synthesis.alltoall import alltoall_candidates
         paths = timed_phase("alltoall paths", lambda: alltoall_candidates(request, progress), request, progress)
     if request.open_choice and _at_the_limit(request, trees + paths):
         what = "trees are" if trees else "alltoall paths are"
         progress(f"  {what} within {TREES_AT_LIMIT:.0%} of the limit: step and alpha-beta searches skipped")
-        use_steps = hierarchy = flat = False
+        use_steps = hierarchy = flat = guided = False
     if use_steps:
         try:
             found += timed_phase("step search", lambda: step_candidates(request, progress), request, progress)
@@ -421,25 +441,32 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
             errors.append(str(exc))          # the other sources still compete
     if hierarchy:
         try:
-            found += timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request, progress)
+            composed_here = timed_phase("hierarchy", lambda: hierarchy_candidates(request, progress), request,
+                                        progress)
         except BackendError as exc:      # no composition can load: where the flat searches run, they still compete
-            if not flat:
+            if not flat and not sketched:
                 raise
             progress(f"  hierarchy: {exc}")
             errors.append(str(exc))
+            composed_here = []
+        found += composed_here
+        if guided and not flat and _at_the_limit(request, composed_here):
+            progress(f"  the composition is within {TREES_AT_LIMIT:.0%} of the limit: the sketch-guided search "
+                     "skipped")
+            guided = False
     # the reversal and the gathered schedules take a second where the alpha-beta search may take minutes: built
     # first, they are there to write when its time runs out (ndv2 x4 Allreduce 1 KB), listed after it for ties
     reversed_: list[Candidate] = []
-    if flat and request.sketch is None:
-        reversed_ = [c for c in timed_phase("reversal", lambda: [reversal_candidate(request, progress)], request,
-                                            progress) if c is not None]
+    if flat:
+        reversed_ = timed_phase("reversal", lambda: [c for c in [reversal_candidate(request, progress)]
+                                                     if c is not None], request, progress)
     gathered: list[Candidate] = []
-    if request.open_choice and request.sketch is None:
+    if request.open_choice:
         gathered = timed_phase("gathered", lambda: gathered_candidates(request, progress), request, progress)
-    if method in (Method.ROUTED, Method.TIMEXP) or flat:
+    if method in (Method.ROUTED, Method.TIMEXP) or flat or guided:
         found += timed_phase("alpha-beta", lambda: [alpha_beta_candidate(request, progress)], request, progress)
     found += trees + paths + composed + reversed_ + gathered
-    if (request.open_choice or method == Method.HIERARCHY) and request.sketch is None and _several_nodes(request):
+    if (request.open_choice or method == Method.HIERARCHY) and _several_nodes(request):
         found += timed_phase("sharded exchange", lambda: exchange_candidates(request, progress), request, progress)
     if request.include_baselines and request.open_choice and request.sketch is None:
         base = baseline_candidate(request, progress)
@@ -449,6 +476,8 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
         runnable = [c for c in found if c.result.schedule.runs_at_power_of_two_sizes]
         if runnable:
             found = runnable
+    if not found:
+        errors += request.sketch_refusals[:3]
     if not found and request.search_deadline.expired:
         raise NoSolutionError("no verified schedule within the time limit" + (f" ({'; '.join(errors)})" if errors
                                                                                 else "") + "; raise --time-limit")

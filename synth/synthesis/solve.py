@@ -104,6 +104,17 @@ class Solution:
             c.result.status != Status.BASELINE for c in self.candidates)
 
     @property
+    def sketch_broken(self) -> str | None:
+        """How the written plan breaks the request's sketch, in words, or None (no sketch, or it keeps to it).
+        Only a baseline it fell back to can: every synthesized candidate keeps to the sketch."""
+        sketch = self.request.sketch_rules
+        if sketch is None:
+            return None
+        from synth.synthesis.sketched import sketch_violation
+
+        return sketch_violation(sketch, self.request.topology, self.chosen.candidate.result.schedule)
+
+    @property
     def honoured_slower_than_baseline(self) -> bool:
         """An explicit ``--method`` or ``--steps``/``--rounds`` was honoured, and its file simulates slower than
         the runtime's own choice, which it could not fall back to."""
@@ -127,6 +138,7 @@ class Solution:
             "collective": self.request.collective, "topology": topo.name, "ranks": topo.num_ranks,
             "size_bytes": size, "symmetry_order": result.symmetry_order, "target": self.xml.target,
             "method": self.chosen.candidate.label, "fell_back_to_baseline": self.fell_back_to_baseline,
+            "keeps_to_sketch": None if self.request.sketch is None else self.sketch_broken is None,
             **self.comparison.to_dict(),
         }
 
