@@ -128,6 +128,25 @@ def test_relays_decide_who_carries_chunks_across_nodes():
     assert crossing == {(1, 0)}
 
 
+def test_the_routed_start_is_feasible_where_a_rank_is_out_of_its_reach():
+    # ndv2 x2 Gather 1 KB under ndv2-nic-relay: node 1's GPUs off the start's routes cannot be reached before
+    # the start's makespan H (their lower bound is past it); the big-M rows once assumed every t <= H, and HiGHS
+    # called the model infeasible ("rejected its own starting routes")
+    import numpy as np
+
+    topo = load_topology("ndv2", 2)
+    problem = make_problem(topo, make_collective("gather", 16, 1, 0), 1024, load_sketch("ndv2-nic-relay", topo))
+    enc = encode_routed(problem, shortest_path_routes(problem), pieces=1)
+    m, x = enc.model, enc.start
+    dense = np.zeros((len(m.row_lower), len(m.cost)))
+    np.add.at(dense, (m.rows, m.cols), m.vals)
+    tol = 1e-9
+    assert np.all(dense @ x >= m.row_lower - tol) and np.all(dense @ x <= m.row_upper + tol)
+    assert np.all(x >= m.col_lower - tol) and np.all(x <= m.col_upper + tol)
+    result = synthesize_alpha_beta(topo, "gather", 1024, method="routed", sketch="ndv2-nic-relay", options=QUICK)
+    verify(result.schedule, topo, 1024)
+
+
 def test_infeasible_sketch_names_the_constraint_to_relax(tecc):
     sketch = sketch_from_dict({"internode": {"connections": {"1": [0]}, "relays": {"1": [1]}}}, tecc, "mine.json")
     with pytest.raises(InfeasibleError) as info:

@@ -10,8 +10,10 @@ path makespan ``T``:
 - every destination that is not a source receives the chunk exactly once, other ranks at most once; a rank
   that does not need the chunk forwards it only if it received it;
 - ``t[c, v] >= t[c, u] + d_e - M_e (1 - x[c, e])`` with ``d_e = alpha_e + beta_e / pieces`` (a hop of a
-  pipelined chunk) and the tight ``M_e = H + d_e - lb_v``, where the horizon ``H`` is the objective of the
-  starting routes (a solution with ``T > H`` cannot beat the start) and ``lb_v`` the shortest ``d`` path;
+  pipelined chunk) and the tight ``M_e = max(H, lb_u) + d_e - lb_v``, where the horizon ``H`` is the objective
+  of the starting routes (a solution with ``T > H`` cannot beat the start) and ``lb_v`` the shortest ``d`` path
+  (a rank no path reaches by ``H``, off the start's routes, keeps ``t = lb``: the ``max`` keeps the start
+  feasible there, ndv2 x2 Gather 1 KB under ``ndv2-nic-relay``);
   ``T >= t[c, v]`` at destinations;
 - link and switch-port load ``<= Z``: one row per resource orbit, counting the chunk's images under the
   symmetry group (the load of a resource is the same for every resource in its orbit);
@@ -156,8 +158,8 @@ def encode_routed(problem: AlphaBetaProblem, start: Routes, pieces: int = 1, z_l
     t_start = max((v for c in reps for r, v in arrive[c].items() if r in coll.chunks[c].dest_ranks), default=0.0)
     z_start = route_loads(problem, start)[0]
     horizon = (z_start + t_start) * (1 + 1e-6) + 1e-6
-    for (c, v), col in t_index.items():
-        x0[col] = min(arrive[c].get(v, horizon), horizon)
+    for (c, v), col in t_index.items():     # ranks the start does not reach: their column's upper bound
+        x0[col] = min(arrive[c][v], horizon) if v in arrive[c] else max(horizon, lbs[c][v])
     x0[z_col] = z_start
     x0[t_col] = t_start
     for li, col in y_index.items():
@@ -208,12 +210,13 @@ def encode_routed(problem: AlphaBetaProblem, start: Routes, pieces: int = 1, z_l
         tv = t_index.get((c, link.dst))
         if tv is None:
             continue
-        big_m = horizon + d[li] - lbs[c][link.dst]
+        tu = t_index.get((c, link.src))
+        # t_u is at most max(H, lb_u) (a rank the start cannot reach by H has only its lower bound)
+        big_m = (horizon if tu is None else max(horizon, lbs[c][link.src])) + d[li] - lbs[c][link.dst]
         row = len(lo)
         r_ent += [row, row]
         c_ent += [tv, k]
         v_ent += [1.0, -big_m]
-        tu = t_index.get((c, link.src))
         if tu is not None:
             r_ent.append(row), c_ent.append(tu), v_ent.append(-1.0)
         lo.append(d[li] - big_m)
