@@ -147,6 +147,14 @@ def test_the_routed_start_is_feasible_where_a_rank_is_out_of_its_reach():
     verify(result.schedule, topo, 1024)
 
 
+def test_a_sketchs_pieces_hint_is_the_most_tried():
+    # the built-in sketches say 8 pieces (right at 1 GB); fewer compete, timed with the runtime's FIFOs
+    result = synthesize_alpha_beta(load_topology("ndv2-2node-tecc"), "allgather", MB, method="routed",
+                                   sketch="ndv2-tecc-relay", options=QUICK)
+    tried = {int(label.rsplit(" x", 1)[1]) for label in result.schedule.notes["candidates_us"]}
+    assert tried == {1, 2, 4, 8}
+
+
 def test_infeasible_sketch_names_the_constraint_to_relax(tecc):
     sketch = sketch_from_dict({"internode": {"connections": {"1": [0]}, "relays": {"1": [1]}}}, tecc, "mine.json")
     with pytest.raises(InfeasibleError) as info:

@@ -69,7 +69,8 @@ class InterNode:
 
 @dataclass(frozen=True)
 class Hints:
-    """Solver hints: time limit (s), relative MIP gap, and pieces per chunk for pipelining."""
+    """Solver hints: time limit (s), relative MIP gap, and the most pieces per chunk pipelining tries (fewer,
+    powers of two, compete: the best count depends on the size)."""
 
     time_limit_s: float | None = None
     mip_gap: float | None = None

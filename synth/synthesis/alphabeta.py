@@ -142,6 +142,7 @@ class _Search:
     pieces: int | None
     baselines: Callable[[str, Topology], BaselineTable]
     channels: tuple[int, ...] = PLAN_CHANNELS    # the list scheduler's (one for a reduction's forward schedule)
+    most_pieces: int | None = None      # a sketch's ``pieces`` hint: tried, and so are fewer (powers of two)
 
 
 def synthesize_alpha_beta(topology: Topology, collective_name: str, size_bytes: float, method: str = "auto",
@@ -207,14 +208,15 @@ def synthesize_alpha_beta(topology: Topology, collective_name: str, size_bytes: 
         sketch = load_sketch(sketch, topology)
     options = _with_hints(options, sketch)
     chunks = chunks or (sketch.chunks_per_rank if sketch else None)
-    if pieces is None and sketch is not None:
-        pieces = sketch.hints.pieces
+    # a sketch's pieces hint is the most tried: TE-CCL's dgx2 x2 sketch says 8, right at 1 GB, while at 1 MB its
+    # 1 KB messages queue behind 2.6 us NIC alphas (Gather planned 8.3 us ran 30 us; with fewer pieces ...)
+    most_pieces = sketch.hints.pieces if pieces is None and sketch is not None else None
     chosen = "routed" if method == "auto" else method
     if baselines is None:
         def baselines(collective: str, topo: Topology) -> BaselineTable:
             return evaluate_baselines(collective, topo, size_bytes, root)
     t0 = time.perf_counter()
-    search = _Search(size_bytes, chosen, options, pieces, baselines)
+    search = _Search(size_bytes, chosen, options, pieces, baselines, most_pieces=most_pieces)
     solved = _solve(CollectiveProblem(topology, name, root, chunks, sketch), search)
     schedule = solved.schedule
     notes = dict(schedule.notes)
@@ -324,7 +326,7 @@ def _direct(topology: Topology, coll: Collective, sketch: Sketch | None, search:
     floor = _bandwidth_floor(problem)
     baseline = _best_baseline(problem, search)
     starts = _starts(problem, baseline)
-    piece_options = _piece_options(problem, [r for _, r in starts], pieces)
+    piece_options = _piece_options(problem, [r for _, r in starts], pieces, search.most_pieces)
     plan_k = max(piece_options)
     start_label, start_routes = min(starts, key=lambda s: _estimate(problem, s[1], plan_k))
     route_sets = list(starts)
@@ -406,20 +408,22 @@ def _path_us(problem: AlphaBetaProblem, routes: Routes, pieces: int) -> float:
     return worst
 
 
-def _piece_options(problem: AlphaBetaProblem, route_sets, pieces: int | None) -> list[int]:
-    """Pieces to try: the given count, else powers of two up to ``DEFAULT_MAX_PIECES`` that keep every link at
-    most ``MAX_PIECES_PER_LINK`` transfers and the schedule within the list-scheduling budget."""
+def _piece_options(problem: AlphaBetaProblem, route_sets, pieces: int | None, most: int | None = None
+                   ) -> list[int]:
+    """Pieces to try: the given count, else powers of two up to ``most`` (a sketch's hint, itself always tried)
+    or ``DEFAULT_MAX_PIECES`` that keep every link at most ``MAX_PIECES_PER_LINK`` transfers and the schedule
+    within the list-scheduling budget."""
     if pieces is not None:
         return [pieces]
     nlinks = len(problem.topology.links)
     per_link = max(int(r.link_counts(nlinks).max(initial=1)) for r in route_sets)
     transfers = max(r.num_transfers() for r in route_sets)
     out = [1]
-    k = 2
-    while k <= DEFAULT_MAX_PIECES and per_link * k <= MAX_PIECES_PER_LINK and transfers * k <= MAX_TRANSFERS:
+    k, cap = 2, most or DEFAULT_MAX_PIECES
+    while k <= cap and per_link * k <= MAX_PIECES_PER_LINK and transfers * k <= MAX_TRANSFERS:
         out.append(k)
         k *= 2
-    return out
+    return sorted(set(out) | ({most} if most else set()))
 
 
 def _piece_routes(routes: Routes, pieces: int) -> list[tuple[int, ...]]:
