@@ -208,8 +208,9 @@ def synthesize_alpha_beta(topology: Topology, collective_name: str, size_bytes: 
         sketch = load_sketch(sketch, topology)
     options = _with_hints(options, sketch)
     chunks = chunks or (sketch.chunks_per_rank if sketch else None)
-    # a sketch's pieces hint is the most tried: TE-CCL's dgx2 x2 sketch says 8, right at 1 GB, while at 1 MB its
-    # 1 KB messages queue behind 2.6 us NIC alphas (Gather planned 8.3 us ran 30 us; with fewer pieces ...)
+    # a sketch's pieces hint is the most tried: TE-CCL's dgx2 x2 sketch says 8, right at 1 GB; held to exactly 8,
+    # dgx2 x2 Gather 1 MB went to 4 chunks per rank of 8 pieces, 1 KB messages that queue behind the NICs' 2.6 us
+    # alphas (planned 8.3 us, ran 30.2 us); with fewer competing, 8 of 4 KB (8.7 us)
     most_pieces = sketch.hints.pieces if pieces is None and sketch is not None else None
     chosen = "routed" if method == "auto" else method
     if baselines is None:

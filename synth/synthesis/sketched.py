@@ -5,7 +5,7 @@ collectives that only copy, which GPUs may carry whose chunks across nodes (rela
 are built inside those rules. The other sources (tree packing, the compositions, the reversal of a baseline, the
 sharded exchange) are built without them, and compete where their schedule happens to keep to them: a rail
 sketch (GPU i talks to GPU i of the other nodes) admits the rail compositions, whose Broadcast at 1 GB on 2 x
-dgx-a100 simulates at 98% of the limit where the sketch-guided search reached 24%.
+dgx-a100 simulates at 99% of the limit where the sketch-guided search reached 24%.
 
 The switch strategy (``uc-min``/``uc-max``), symmetry, chunk count and hints steer a search; they are not rules a
 schedule can break. Reductions are held to the links only: relays name the chunks a *sender* carries, which the
