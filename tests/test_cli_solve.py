@@ -142,6 +142,17 @@ def test_plans_that_break_the_sketch_are_left_out(tmp_path):
     assert crossings == {(1, 0)}
 
 
+def test_an_explicit_method_under_a_sketch_runs_alone_and_keeps_to_it(tmp_path):
+    # the hierarchy's cross-rail variant (x3: GPU i to GPU i+2 of the other node) breaks the rail sketch
+    r = run("solve", "allgather", "--topology", "dgx-h100", "--nodes", "2", "--size", "64MB", "--method",
+            "hierarchy", "--sketch", "dgx-h100-rail", "-o", str(tmp_path / "ag.xml"), "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["method"].startswith("hierarchy/") and report["keeps_to_sketch"] is True
+    assert "/x3 does not keep to the sketch (it sends 0 -> 10, a link the sketch dgx-h100-rail" in r.stderr
+    assert "alpha-beta" not in r.stderr
+
+
 @pytest.mark.parametrize("args,message", [
     (["--method", "routed", "--steps", "2", "--rounds", "3"], "--steps: --steps/--rounds belong to the step"),
     (["--method", "steps", "--sketch", "ndv2-tecc-relay"], "--sketch: sketches guide the alpha-beta"),

@@ -397,9 +397,10 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
     method, topology = request.method, request.topology
     found: list[Candidate] = []
     errors = []
-    # a sketch is a rule every candidate keeps to (timed_phase drops the others), not a choice of source; but the
-    # sketch-guided alpha-beta search is what it asks for, so that one always runs and nothing is refused early
-    sketched = guided = request.sketch is not None
+    # a sketch is a rule every candidate keeps to (timed_phase drops the others), not a choice of source; but under
+    # auto the sketch-guided alpha-beta search is what it asks for, so that one runs and nothing is refused early
+    sketched = request.sketch is not None
+    guided = sketched and request.open_choice
     use_steps = method == Method.STEPS or request.fixed_steps or (
         method == Method.AUTO and topology.num_nodes == 1 and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
     hierarchy = method == Method.HIERARCHY or (request.open_choice and hierarchy_applies(request))
