@@ -72,7 +72,7 @@ class SynthesisRequest:
                              f"{self.method}")
         if self.sketch is not None and self.method in (Method.STEPS, Method.TREES):
             raise InputError("--sketch", "", "sketches guide the alpha-beta formulations; use --method "
-                             "auto|routed|timexp")
+                             "auto|routed|timexp|hierarchy")
         if self.method == Method.TREES and self.collective == "alltoall":
             raise InputError("--method", "", "tree packing covers every collective but Alltoall; use --method "
                              "auto|routed|timexp|steps")
