@@ -142,6 +142,17 @@ def test_plans_that_break_the_sketch_are_left_out(tmp_path):
     assert crossings == {(1, 0)}
 
 
+def test_a_bad_sketch_is_refused_before_any_search(tmp_path):
+    sketch = tmp_path / "bad.json"
+    sketch.write_text('{"format": "synth-sketch/1", "name": "x", "internode": {"connections": {"1": [99]}}}')
+    r = run("solve", "allgather", "--topology", "ndv2", "--nodes", "2", "--size", "1MB", "--sketch", str(sketch),
+            "-o", str(tmp_path / "ag.xml"))
+    assert r.exit_code == 1
+    assert r.stderr.strip().splitlines()[-1] == (f"Error: {sketch}: internode.connections.1: unknown GPU 99; local "
+                                                 "GPUs are 0..7")
+    assert "hierarchy" not in r.stderr and not (tmp_path / "ag.xml").exists()
+
+
 def test_an_explicit_method_under_a_sketch_runs_alone_and_keeps_to_it(tmp_path):
     # the hierarchy's cross-rail variant (x3: GPU i to GPU i+2 of the other node) breaks the rail sketch
     r = run("solve", "allgather", "--topology", "dgx-h100", "--nodes", "2", "--size", "64MB", "--method",

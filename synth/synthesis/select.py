@@ -399,7 +399,7 @@ def verified_candidates(request: SynthesisRequest, progress: Progress = _quiet, 
     errors = []
     # a sketch is a rule every candidate keeps to (timed_phase drops the others), not a choice of source; but under
     # auto the sketch-guided alpha-beta search is what it asks for, so that one runs and nothing is refused early
-    sketched = request.sketch is not None
+    sketched = request.sketch_rules is not None     # read (and a bad sketch refused) before any search
     guided = sketched and request.open_choice
     use_steps = method == Method.STEPS or request.fixed_steps or (
         method == Method.AUTO and topology.num_nodes == 1 and topology.num_ranks <= STEP_SEARCH_MAX_RANKS)
