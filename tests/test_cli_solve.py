@@ -142,6 +142,18 @@ def test_plans_that_break_the_sketch_are_left_out(tmp_path):
     assert crossings == {(1, 0)}
 
 
+def test_a_baseline_that_breaks_the_sketch_is_written_only_as_the_fallback_and_said_so(tmp_path):
+    # ndv2 x2 Broadcast 1 KB: the runtime's shortest paths (0 -> 8 through the NIC) beat every plan that keeps
+    # to ndv2-nic-relay (only GPU 1 sends across)
+    r = run("solve", "broadcast", "--topology", "ndv2", "--nodes", "2", "--size", "1KB", "--sketch",
+            "ndv2-nic-relay", "-o", str(tmp_path / "bc.xml"), "--json")
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)
+    assert report["fell_back_to_baseline"] and report["keeps_to_sketch"] is False
+    assert ("note: the baseline written does not keep to the sketch (it sends 0 -> 8, a link the sketch "
+            "ndv2-nic-relay does not allow)") in r.stderr
+
+
 def test_a_bad_sketch_is_refused_before_any_search(tmp_path):
     sketch = tmp_path / "bad.json"
     sketch.write_text('{"format": "synth-sketch/1", "name": "x", "internode": {"connections": {"1": [99]}}}')
