@@ -304,3 +304,22 @@ def test_plot_skips_algorithms_left_out_of_the_choice(dgx1_steps, tmp_path):
     choices = choose_per_size(algs[:1], topo, sizes, limit_us=lambda size: 1.0 + size / 2e5)
     paths = plot_size_frontier(choices, algs, tmp_path / "frontier", "test")
     assert [p.suffix for p in paths] == [".png", ".svg"] and all(p.stat().st_size > 1000 for p in paths)
+
+
+def test_under_a_sketch_the_step_and_gathered_algorithms_compete_only_where_they_keep_to_it():
+    from synth.model.collectives import make_collective
+    from synth.schedule.ir import Schedule, Transfer
+    from synth.sweep.sources import _keeping_to_sketch
+
+    topo = load_topology("ndv2", 2)     # ndv2-nic-relay: only GPU 1 of a node sends across, to GPU 0
+    bcast = make_collective("broadcast", 16, 1, 0)
+
+    def sending(key, kind, src, dst):
+        schedule = Schedule(bcast, topo.name, (Transfer(0, src, dst, 0),), 1, None, None, key)
+        return Algorithm(key, kind, key, schedule)
+
+    notes = []
+    kept = _keeping_to_sketch([sending("across-1", STEPS, 1, 8), sending("across-0", STEPS, 0, 8),
+                               sending("runtime", BASELINE, 0, 8)], "ndv2-nic-relay", topo, notes.append)
+    assert [a.key for a in kept] == ["across-1", "runtime"]
+    assert notes == ["1 step or gathered algorithm(s) left out: they do not keep to the sketch ndv2-nic-relay"]

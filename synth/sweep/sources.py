@@ -21,6 +21,7 @@ from typing import Callable, Iterable
 
 from backends.msccl.ir import safe_name
 from synth.errors import SynthError
+from synth.model.sketch import load_sketch
 from synth.model.topology import Topology
 from synth.solver.highs import SolverOptions, Status
 from synth.sweep.frontier import SweepPoint
@@ -28,6 +29,7 @@ from synth.sweep.sizes import ALPHA_BETA, BASELINE, GATHERED, SOLVED, STEPS, Alg
 from synth.synthesis.alphabeta import synthesize_alpha_beta
 from synth.synthesis.baselines import BaselineTable, evaluate_baselines
 from synth.synthesis.gathered import gathered_schedules
+from synth.synthesis.sketched import sketch_violation
 from synth.units import format_size
 
 
@@ -226,7 +228,23 @@ def collect_algorithms(frontier: Iterable[SweepPoint], collective: str, topology
     if use_alpha_beta and alpha_beta_sizes:
         algorithms += alpha_beta_algorithms(collective, topology, alpha_beta_sizes, root, method, sketch, options,
                                             failures, executor, on_done)
+    if sketch is not None:
+        algorithms = _keeping_to_sketch(algorithms, sketch, topology, note)
     return AlgorithmPool(_deduplicated(algorithms), tuple(failures))
+
+
+def _keeping_to_sketch(algorithms: list[Algorithm], sketch: str, topology: Topology,
+                       note: Callable[[str], None]) -> list[Algorithm]:
+    """Under a sketch, the step frontier's and the gathered schedules (made without it) compete only where they
+    keep to it, as every candidate of ``synth solve`` does (:mod:`synth.synthesis.sketched`); the baselines stay,
+    the runtime's own choice to fall back to."""
+    rules = load_sketch(sketch, topology)
+    kept = [a for a in algorithms if a.kind not in (STEPS, GATHERED)
+            or sketch_violation(rules, topology, a.schedule) is None]
+    if len(kept) < len(algorithms):
+        note(f"{len(algorithms) - len(kept)} step or gathered algorithm(s) left out: they do not keep to the "
+             f"sketch {rules.name}")
+    return kept
 
 
 def _deduplicated(algorithms: list[Algorithm]) -> tuple[Algorithm, ...]:
