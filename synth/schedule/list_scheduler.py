@@ -484,6 +484,31 @@ def _greedy_along_one_chain(topology: Topology, clock: LinkClock, nbytes: float,
     return order, np.array(start), np.array(end)
 
 
+def co_resident_channels(topology: Topology, link_of, channels: tuple[int, ...]) -> tuple[int, ...]:
+    """The counts of ``channels`` whose threadblocks fit the GPU: a plain program has one per peer, direction and
+    channel on each rank, and all must be co-resident (one per SM, ``topology.sms_per_gpu``); the fewest when none
+    fits, all when the SM count is not known. (A fused lowering's relay chains pair a receive and a send in one
+    threadblock and fit more: 2 x dgx2 Broadcast 1 MB as the rooted composition runs on eight.)
+
+    >>> from synth.model.topology import load_topology
+    >>> a100 = load_topology("dgx-a100", 2)      # 108 SMs; GPU 0 talks to 7 GPUs of its node and GPU 8
+    >>> co_resident_channels(a100, [a100.link_index[(0, p)] for p in (1, 2, 3, 4, 5, 6, 7, 8)]
+    ...                      + [a100.link_index[(p, 0)] for p in (1, 2, 3, 4, 5, 6, 7, 8)], (1, 2, 4, 8))
+    (1, 2, 4)
+    """
+    if not topology.sms_per_gpu:
+        return channels
+    peers: dict[int, set] = {}
+    links = topology.links
+    for li in set(link_of):
+        link = links[li]
+        peers.setdefault(link.src, set()).add(("to", link.dst))
+        peers.setdefault(link.dst, set()).add(("from", link.src))
+    per_channel = max((len(p) for p in peers.values()), default=1)
+    fitting = tuple(c for c in channels if c * per_channel <= topology.sms_per_gpu)
+    return fitting or (min(channels),)
+
+
 def _fastest_in_sequence(topology: Topology, table: TransferTable, nbytes: float, op, order, fifo_depth,
                          channels: tuple[int, ...] = PLAN_CHANNELS, cut: str = "chunk"):
     """:func:`_time_in_sequence` on each of ``channels`` channels; the one whose last arrival is earliest
