@@ -123,12 +123,14 @@ def main() -> None:
             for size in sizes:
                 row = measure(topology, nodes, collective, size, args.time_limit, sketch)
                 rows.append(row)
-                print(f"{row['topology']:>18} {sketch or '':>15} {collective:>13} {format_size(parse_size(size)):>6}: "
+                print(f"{row['topology']:>18} {sketch or '':>15} {collective:>13} "
+                      f"{format_size(parse_size(size)):>6}: "
                       f"{row.get('pct_limit', row.get('error'))}% of limit, x{row.get('ratio')} vs baseline, "
                       f"{row['wall_s']} s ({row['cpu_s']} s CPU)", file=sys.stderr, flush=True)
                 path = write_json(args.out, rows)
-    print_table(rows, ["topology", "gpus", *(["sketch"] if args.sketched else []), "collective", "size", "method", "sim_us", "plan_us", "plan_vs_sim_pct",
-                       "pct_limit", "pct_alpha", "binding", "baseline", "base_us", "ratio", "wall_s", "cpu_s"])
+    print_table(rows, ["topology", "gpus", *(["sketch"] if args.sketched else []), "collective", "size", "method",
+                       "sim_us", "plan_us", "plan_vs_sim_pct", "pct_limit", "pct_alpha", "binding", "baseline",
+                       "base_us", "ratio", "wall_s", "cpu_s"])
     print(f"wrote {path}")
 
 

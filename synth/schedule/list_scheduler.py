@@ -487,8 +487,9 @@ def _greedy_along_one_chain(topology: Topology, clock: LinkClock, nbytes: float,
 def co_resident_channels(topology: Topology, link_of, channels: tuple[int, ...]) -> tuple[int, ...]:
     """The counts of ``channels`` whose threadblocks fit the GPU: a plain program has one per peer, direction and
     channel on each rank, and all must be co-resident (one per SM, ``topology.sms_per_gpu``); the fewest when none
-    fits, all when the SM count is not known. (A fused lowering's relay chains pair a receive and a send in one
-    threadblock and fit more: 2 x dgx2 Broadcast 1 MB as the rooted composition runs on eight.)
+    fits, all when the SM count is not known. The alpha-beta search plans with it; the rooted compositions do not
+    (2 x dgx2 Broadcast 1 MB, planned on up to eight at 20.34 us, runs on two at 19.79 us; planned on the two that
+    fit, 20.82 us: their timing model, not the channel count, is what is off there).
 
     >>> from synth.model.topology import load_topology
     >>> a100 = load_topology("dgx-a100", 2)      # 108 SMs; GPU 0 talks to 7 GPUs of its node and GPU 8
