@@ -107,9 +107,11 @@ class SynthesisRequest:
     def sketch_rules(self):
         """The request's sketch (:class:`~synth.model.sketch.Sketch`) resolved against its topology, read once;
         None without one. Every candidate must keep to it (:mod:`synth.synthesis.sketched`)."""
-        from synth.model.sketch import load_sketch
+        from synth.model.sketch import Sketch, load_sketch
 
-        return None if self.sketch is None else load_sketch(self.sketch, self.topology)
+        if self.sketch is None or isinstance(self.sketch, Sketch):     # (library callers may pass one resolved)
+            return self.sketch
+        return load_sketch(self.sketch, self.topology)
 
     @cached_property
     def rounds_per_chunk(self) -> float:
