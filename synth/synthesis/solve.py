@@ -103,10 +103,11 @@ class Solution:
         return self.chosen.candidate.result.status == Status.BASELINE and any(
             c.result.status != Status.BASELINE for c in self.candidates)
 
-    @property
+    @functools.cached_property
     def sketch_broken(self) -> str | None:
         """How the written plan breaks the request's sketch, in words, or None (no sketch, or it keeps to it).
-        Only a baseline it fell back to can: every synthesized candidate keeps to the sketch."""
+        Only a baseline it fell back to can: every synthesized candidate keeps to the sketch. (Checked once: the
+        summary and the report both ask.)"""
         sketch = self.request.sketch_rules
         if sketch is None:
             return None
